@@ -1,0 +1,40 @@
+"""SlurmJob: the one internal record every Slurm dialect (JSON of each version, text) is
+normalised into before classification. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """One Slurm job as read from squeue/scontrol (live) or sacct (accounting).
+
+    Times are epoch seconds, ``None`` when Slurm reports them unset (0, NO_VAL,
+    ``{"set": false}``) or infinite. ``base_state`` is one of Slurm's base
+    states as text (``PENDING``, ``RUNNING``, ... or anything unknown, kept
+    raw); ``flags`` are the remaining state words (``COMPLETING``, ...).
+    """
+
+    job_id: int
+    name: str
+    user: str | None
+    base_state: str
+    flags: tuple[str, ...]
+    reason: str  # state_reason; "" when None/absent
+    description: str  # state_description
+    comment: str | None  # None when absent or "(null)"
+    submit_time: int | None
+    eligible_time: int | None
+    start_time: int | None
+    end_time: int | None
+    preempt_time: int | None
+    restart_count: int | None  # None when the dialect does not carry it (sacct)
+    nodes: tuple[str, ...]  # expanded host names
+    return_code: int | None  # exit status when the job exited normally
+    signal: int | None  # terminating signal, when killed by one
+    time_limit_s: int | None
+    requeue: bool | None
+    cluster: str
+    kill_request_user: str | None = None  # sacct: who cancelled it
+    state_text: str = ""  # the raw state as printed, for details
