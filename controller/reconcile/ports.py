@@ -1,0 +1,46 @@
+"""The narrow interface the reconciler needs from the Slurm adapter (a Protocol seam).
+
+``controller.slurm.adapter.SlurmAdapter`` implements it against a real cluster; unit
+tests may pass a stateful fake. Every write re-checks identity inside the adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controller.model.obs import ObjectObs, ObjectRef, StartRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    """One cheap whole-cluster read, taken at its own slower interval."""
+
+    running: int
+    pending: int
+    down_nodes: frozenset[str] = frozenset()
+    estimated_wait_s: float | None = None  # from Slurm's own start estimates
+    observed_wait_s: float | None = None  # median start - submit of recent starts
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class SlurmPort(Protocol):
+    cluster: str
+
+    async def start(self, request: StartRequest) -> ObjectRef: ...
+
+    async def find_many(self, job_ids: Collection[str]) -> dict[str, list[ObjectObs]]: ...
+
+    async def inspect_many(self, refs: Sequence[ObjectRef], *,
+                           since: int) -> dict[ObjectRef, ObjectObs]: ...
+
+    async def stop(self, ref: ObjectRef) -> None: ...
+
+    async def hold(self, ref: ObjectRef, instance: int) -> None: ...
+
+    async def release(self, ref: ObjectRef) -> None: ...
+
+    async def missing_paths(self, paths: Sequence[str]) -> list[str]: ...
+
+    async def cluster_stats(self) -> ClusterStats: ...

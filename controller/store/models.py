@@ -1,0 +1,123 @@
+"""SQLAlchemy 2 models of the desired job records, their status, submissions and events.
+
+``jobs`` is written by clients (other services, the CLI, the Python client);
+everything else is written by the controller alone.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(Base):
+    """A desired job record. ``spec`` is the job document (JSON text as the client wrote it)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    spec: Mapped[str] = mapped_column(Text)
+    labels: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")  # JSON
+    # run | held | stopped
+    desired: Mapped[str] = mapped_column(String(16), default="run", server_default="run")
+    policy: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON, None = defaults
+    generation: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # rows inserted by plain SQL get 0; the controller reads 0 as "unknown"
+    created_at: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    updated_at: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class JobStatus(Base):
+    """The controller's view of a job; rebuilt from the world every tick."""
+
+    __tablename__ = "job_status"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    phase: Mapped[str] = mapped_column(String(16), index=True)
+    observed_generation: Mapped[int] = mapped_column(Integer, default=0)
+    submission: Mapped[int] = mapped_column(Integer, default=0)  # last number allocated
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    current_submission: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    current_since: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    slurm_submit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    object_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    cause_detail: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    budgets_used: Mapped[str] = mapped_column(Text, default="{}")  # JSON cause -> count
+    excluded_nodes: Mapped[str] = mapped_column(Text, default="{}")  # JSON node -> until
+    conditions: Mapped[str] = mapped_column(Text, default="[]")  # JSON list
+    not_before: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # backoff
+    unknown_since: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    hold_instance: Mapped[int] = mapped_column(BigInteger, default=0)
+    outputs_verified: Mapped[bool] = mapped_column(Boolean, default=False)
+    nodes: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Submission(Base):
+    """One sbatch of a dispatch job. Written as an intent *before* sbatch runs."""
+
+    __tablename__ = "submissions"
+    __table_args__ = (UniqueConstraint("job_id", "submission"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    submission: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    # intent -> submitted -> ended; or abandoned (never reached Slurm) / duplicate
+    status: Mapped[str] = mapped_column(String(16))
+    cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    slurm_job_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    slurm_submit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    cause_detail: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    nodes: Mapped[str] = mapped_column(Text, default="")
+    restart_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Event(Base):
+    """Append-only history of what the controller saw and did."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(26))
+    at: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[str] = mapped_column(Text, default="{}")
