@@ -172,10 +172,14 @@ def list_events(tx: Session, job_id: str, *, limit: int = 200) -> list[Event]:
 
 
 def phase_counts(tx: Session) -> dict[str, int]:
-    rows = tx.execute(select(func.coalesce(JobStatus.phase, "pending"), func.count())
-                      .select_from(Job).outerjoin(JobStatus, JobStatus.job_id == Job.id)
-                      .group_by(func.coalesce(JobStatus.phase, "pending"))).all()
-    return {str(p): int(c) for p, c in rows}
+    rows = tx.execute(select(JobStatus.phase, func.count()).select_from(Job)
+                      .outerjoin(JobStatus, JobStatus.job_id == Job.id)
+                      .group_by(JobStatus.phase)).all()
+    counts: dict[str, int] = {}
+    for phase, count in rows:
+        key = str(phase) if phase is not None else Phase.PENDING.value
+        counts[key] = counts.get(key, 0) + int(count)
+    return counts
 
 
 # ---------------------------------------------------------------- controller side

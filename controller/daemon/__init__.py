@@ -1,0 +1,1 @@
+"""The daemon: APScheduler wiring, leader lock, wake-ups, health endpoints, shutdown."""
