@@ -15,7 +15,7 @@ from controller.store.db import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("DISPATCH_TEST_PG_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+                              "postgresql+psycopg://dispatch_test:dispatch_test@127.0.0.1:5432/dispatch_test")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,8 +7,16 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from controller.errors import ErrNotFound, TransientError
-from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, Source, State
-from controller.model.obs import StartRequest
+from controller.model.obs import (
+    Cause,
+    CauseKind,
+    ObjectObs,
+    ObjectRef,
+    Provenance,
+    Source,
+    StartRequest,
+    State,
+)
 from controller.reconcile.ports import ClusterStats
 from controller.slurm.naming import discovery_name
 

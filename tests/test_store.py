@@ -66,7 +66,7 @@ def test_bad_rows_from_plain_sql_are_rejected_with_reason(any_store: Store) -> N
 
 
 def test_insert_job_validates_before_writing(any_store: Store) -> None:
-    with pytest.raises(ErrInvalid, match="resources.nodes"), any_store.transaction() as tx:
+    with pytest.raises(ErrInvalid, match=r"resources\.nodes"), any_store.transaction() as tx:
         repo.insert_job(tx, job_id=JOB, document={**DOC, "resources": {"nodes": 0}}, now=1)
     with any_store.transaction() as tx:
         assert repo.list_jobs(tx) == []

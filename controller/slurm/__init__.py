@@ -1,2 +1,2 @@
-"""The Slurm adapter (SPEC §2–5): pure naming, holds, script rendering, dialect parsing
+"""The Slurm adapter (SPEC §2-5): pure naming, holds, script rendering, dialect parsing
 and classification, plus ``adapter.py``, the operations that run commands through a runner."""

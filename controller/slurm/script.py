@@ -152,7 +152,7 @@ def check_output_dir(path: str) -> str:
             raise ErrInvalid(f"must not contain {name}", field="output.dir")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
         raise ErrInvalid("must not contain control characters", field="output.dir")
-    if not (path.startswith("/") or path == "~" or path.startswith("~/")):
+    if not (path.startswith(("/", "~/")) or path == "~"):
         raise ErrInvalid('must be an absolute path or start with "~/"', field="output.dir")
     stripped = path.rstrip("/")
     return stripped or "/"

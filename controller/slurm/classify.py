@@ -1,0 +1,293 @@
+"""SlurmJob → ObjectObs: SPEC §4 as tables of rules, first match wins.
+
+Pure. ``PENDING_RULES`` is §4.1 row by row; ``BASE_RULES`` holds §4.2's rows per base
+state, with §4.3's sacct differences inside the predicates (they read ``accounting``).
+The adapter never reports the controller-only causes (no-capacity, held, released,
+duplicate, missing-output, stale): no rule names them.
+
+Decisions beyond the SPEC's text:
+
+* single-string dialects (22.05, v0.0.39, squeue text) may print a flag instead of the
+  base state; ``_UNREPORTED_BASE`` says which base Slurm sets that flag on (the hold and
+  requeue flags only ever sit on PENDING jobs; COMPLETING, CONFIGURING and the other
+  transitional flags are classified as running, still on their nodes, with the flag
+  as the detail, until Slurm prints the real state);
+* a live PREEMPTED job whose preempt_time is set and whose end time (the end of its
+  grace period) is still ahead is running, not ended: that is what preempt_time "says
+  otherwise", and reporting it ended would let the controller resubmit while it runs;
+* FAILED with none of the SPEC's reasons is non-zero-exit (sacct keeps only the
+  previous reason, usually None; SPEC §4.3 has it carry ExitCode, 0 included);
+* a name that is not exactly ``dj-<ULID>`` is never ours: foreign, whatever its comment;
+* ``requeued`` is Slurm's REQUEUED state flag (the requeue bit), live only;
+* a pending job's start and end, and a live job's end before it ended, say nothing
+  (they are Slurm's estimates) and are None; an end ahead of ``now`` is None too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from controller.errors import ProtocolError
+from controller.model.obs import (
+    Cause,
+    CauseKind,
+    ObjectObs,
+    ObjectRef,
+    Provenance,
+    Source,
+    State,
+)
+from controller.slurm.dialects import BASE_STATES, KNOWN_FLAGS
+from controller.slurm.holds import decode_hold
+from controller.slurm.naming import job_id_of_name, parse_comment
+from controller.slurm.record import SlurmJob
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the rules read: the record plus what classify derived from it."""
+
+    job: SlurmJob
+    unreported: bool  # the dialect printed a flag in place of the base state
+    accounting: bool  # read from sacct (SPEC §4.3)
+    restart: int  # Slurm's restart count; 0 from sacct
+    hold: int | None  # hold instance decoded from the begin/start time (pending, live)
+    now: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One table row: when ``when`` holds, the object is in ``state`` for ``cause``."""
+
+    name: str
+    when: Callable[[Facts], bool]
+    state: State
+    cause: CauseKind = CauseKind.NONE
+    provenance: Provenance = Provenance.UNKNOWN
+    detail: Callable[[Facts], str] = lambda facts: ""
+
+
+def _always(facts: Facts) -> bool:
+    return True
+
+
+def _reason_is(*reasons: str) -> Callable[[Facts], bool]:
+    wanted = frozenset(reasons)
+    return lambda facts: facts.job.reason in wanted
+
+
+# --------------------------------------------------------------------------------------
+# SPEC §4.1: pending jobs, in order
+
+UNRUNNABLE_REASONS: Final = frozenset({
+    "DependencyNeverSatisfied", "BadConstraints", "PartitionConfig", "PartitionTimeLimit",
+    "PartitionNodeLimit", "InvalidAccount", "InvalidQOS", "AccountNotAllowed",
+    "QOSNotAllowed", "ReservationInvalid", "MaxMemPerLimit",
+})
+LAUNCH_FAILED_HELD = "launch failed requeued held"
+REQUEUED_HELD = "job requeued in held state"
+
+PENDING_RULES: Final[tuple[Rule, ...]] = (
+    Rule("gate", lambda f: f.job.reason == "JobHeldUser" and f.restart == 0,
+         State.GATED),
+    Rule("launch-failed-held",
+         lambda f: (f.job.reason == "JobHoldMaxRequeue"
+                    or f.job.description.startswith(LAUNCH_FAILED_HELD)),
+         State.HELD, CauseKind.LAUNCH_FAILED, Provenance.SLURM,
+         lambda f: f.job.description),
+    Rule("requeued-held",
+         lambda f: ((f.job.reason == "JobHeldUser" or f.job.description == REQUEUED_HELD)
+                    and f.restart > 0),
+         State.HELD, CauseKind.REQUEUED, Provenance.SLURM, lambda f: f.job.description),
+    Rule("admin-hold", _reason_is("JobHeldAdmin"),
+         State.HELD, CauseKind.ADMIN_HOLD, Provenance.ADMIN),
+    # Slurm says None for ~2 s after a gate opens, before its next scheduling pass.
+    Rule("dispatch-hold", lambda f: f.hold is not None and f.job.reason in ("BeginTime", ""),
+         State.HELD, CauseKind.NONE, Provenance.DISPATCH),
+    Rule("requeue-delay", lambda f: f.job.reason == "BeginTime" and f.restart > 0,
+         State.PENDING, CauseKind.REQUEUED, Provenance.SLURM),
+    Rule("unrunnable", lambda f: f.job.reason in UNRUNNABLE_REASONS,
+         State.PENDING, CauseKind.UNRUNNABLE, Provenance.SLURM, lambda f: f.job.reason),
+    Rule("requeued", lambda f: f.restart > 0,
+         State.PENDING, CauseKind.REQUEUED, Provenance.SLURM),
+    Rule("pending", _always, State.PENDING),
+)
+
+# --------------------------------------------------------------------------------------
+# SPEC §4.2 (live) and §4.3 (sacct): the other base states
+
+
+def _ended(kind: CauseKind) -> tuple[Rule, ...]:
+    return (Rule(kind.value, _always, State.ENDED, kind, Provenance.SLURM),)
+
+
+def _in_grace(f: Facts) -> bool:
+    """Live PREEMPTED, preempt_time set, and its end (the grace deadline) still ahead."""
+    job = f.job
+    return (not f.accounting and job.preempt_time is not None and f.now is not None
+            and job.end_time is not None and job.end_time > f.now)
+
+
+def _cancelled_by_other(f: Facts) -> bool:
+    requester = f.job.kill_request_user
+    return (f.accounting and requester is not None and f.job.user is not None
+            and requester != f.job.user)
+
+
+def _signal_detail(f: Facts) -> str:
+    if f.job.signal is not None:
+        return f"signal {f.job.signal}"
+    return f.job.description or f.job.reason
+
+
+BASE_RULES: Final[Mapping[str, tuple[Rule, ...]]] = {
+    "PENDING": PENDING_RULES,
+    "RUNNING": (
+        Rule("base-not-reported", lambda f: f.unreported, State.RUNNING,
+             detail=lambda f: f"{f.job.state_text}: base state not reported"),
+        Rule("preempting", lambda f: f.job.preempt_time is not None, State.RUNNING,
+             detail=lambda f: f"preempt_time={f.job.preempt_time}"),
+        Rule("running", _always, State.RUNNING),
+    ),
+    "SUSPENDED": (Rule("suspended", _always, State.SUSPENDED),),
+    "COMPLETED": _ended(CauseKind.COMPLETED),
+    "FAILED": (
+        Rule("exit-code", _reason_is("NonZeroExitCode"),
+             State.ENDED, CauseKind.NON_ZERO_EXIT, Provenance.SLURM),
+        Rule("signal", lambda f: f.job.reason == "RaisedSignal" or f.job.signal is not None,
+             State.ENDED, CauseKind.SIGNALED, Provenance.SLURM, _signal_detail),
+        # sacct prints no flags: there the reason alone decides (SPEC §4.3)
+        Rule("launch-failed",
+             lambda f: (f.job.reason == "JobLaunchFailure"
+                        or (not f.accounting and "LAUNCH_FAILED" in f.job.flags)),
+             State.ENDED, CauseKind.LAUNCH_FAILED, Provenance.SLURM,
+             lambda f: f.job.description),
+        Rule("failed", _always, State.ENDED, CauseKind.NON_ZERO_EXIT, Provenance.SLURM,
+             lambda f: f.job.reason),
+    ),
+    "TIMEOUT": _ended(CauseKind.TIMEOUT),
+    "OUT_OF_MEMORY": _ended(CauseKind.OUT_OF_MEMORY),
+    "NODE_FAIL": _ended(CauseKind.NODE_LOST),
+    "BOOT_FAIL": _ended(CauseKind.BOOT_FAILED),
+    "PREEMPTED": (
+        Rule("preempt-grace", _in_grace, State.RUNNING,
+             detail=lambda f: f"preempted at {f.job.preempt_time}, ends by {f.job.end_time}"),
+        Rule("preempted", _always, State.ENDED, CauseKind.PREEMPTED, Provenance.SLURM),
+    ),
+    "DEADLINE": _ended(CauseKind.DEADLINE),
+    "CANCELLED": (
+        Rule("cancelled-by-admin", _cancelled_by_other,
+             State.ENDED, CauseKind.CANCELLED, Provenance.ADMIN,
+             lambda f: f"cancelled by {f.job.kill_request_user}"),
+        Rule("cancelled", _always, State.ENDED, CauseKind.CANCELLED, Provenance.USER),
+    ),
+}
+
+# An unknown base state or flag, or (sacct) a state with no row: never guessed.
+UNKNOWN_RULE: Final = Rule("unknown", _always, State.ENDED, CauseKind.UNKNOWN,
+                           Provenance.UNKNOWN, lambda f: f.job.state_text)
+
+# The base state Slurm sets under a flag that a single-string dialect printed instead.
+_UNREPORTED_BASE: Final[Mapping[str, str]] = {
+    "REQUEUED": "PENDING", "REQUEUE_FED": "PENDING", "REQUEUE_HOLD": "PENDING",
+    "SPECIAL_EXIT": "PENDING", "RESV_DEL_HOLD": "PENDING",
+    "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING", "CONFIGURING": "RUNNING",
+    "RESIZING": "RUNNING", "STOPPED": "RUNNING", "SIGNALING": "RUNNING",
+}
+
+# sacct cannot tell gated, held and pending apart: such rows are refused (SPEC §4.3).
+SACCT_REFUSED_BASES: Final = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+SACCT_REFUSED_FLAGS: Final = frozenset({"REQUEUED", "RESIZING"})
+
+_NOT_STARTED: Final = frozenset({State.GATED, State.HELD, State.PENDING})
+
+
+def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
+             cluster: str | None = None, now: int | None = None) -> ObjectObs:
+    """The observation of ``job`` read from ``source`` (``live``: squeue/scontrol,
+    ``accounting``: sacct) at ``now`` (epoch seconds; None when unknown).
+
+    Raises ProtocolError for a sacct row that is still pending, running, suspended,
+    requeued or resizing. ``ref`` is (cluster, name, id, submit time or 0).
+    """
+    src = source if isinstance(source, Source) else Source.decode(source)
+    rule, facts = _decide(job, accounting=src is Source.ACCOUNTING, now=now)
+    accounting = facts.accounting
+    submission, attempt, foreign = _identity(job, accounting=accounting)
+    state = rule.state
+    end = job.end_time if state is State.ENDED and not _ahead(job.end_time, now) else None
+    start = None if state in _NOT_STARTED or _ahead(job.start_time, now) else job.start_time
+    return ObjectObs(
+        ref=ObjectRef(cluster=job.cluster if cluster is None else cluster, uid=job.name,
+                      id=job.job_id, submit=job.submit_time or 0),
+        state=state,
+        cause=Cause(rule.cause, rule.provenance, rule.detail(facts)),
+        submission=submission,
+        attempt=attempt,
+        foreign=foreign,
+        restart_count=None if accounting else job.restart_count,
+        hold_instance=facts.hold if state in _NOT_STARTED else None,
+        requeued=not accounting and "REQUEUED" in job.flags,
+        exit_code=job.return_code if rule.cause is CauseKind.NON_ZERO_EXIT else None,
+        nodes=job.nodes,
+        reason=job.reason or job.description,
+        submit=job.submit_time,
+        start=start,
+        end=end,
+        source=src,
+        observed_at=now or 0,
+        time_limit_s=job.time_limit_s,
+        eligible=job.eligible_time,
+    )
+
+
+def matching_rule(job: SlurmJob, *, source: Source | str = Source.LIVE,
+                  now: int | None = None) -> Rule:
+    """The table row ``classify`` applies to ``job`` (for tests and documentation)."""
+    src = source if isinstance(source, Source) else Source.decode(source)
+    return _decide(job, accounting=src is Source.ACCOUNTING, now=now)[0]
+
+
+def _decide(job: SlurmJob, *, accounting: bool, now: int | None) -> tuple[Rule, Facts]:
+    flags = job.flags
+    base = job.base_state or (_UNREPORTED_BASE.get(flags[0], "") if flags else "")
+    if accounting and (base in SACCT_REFUSED_BASES or SACCT_REFUSED_FLAGS.intersection(flags)):
+        raise ProtocolError(f"sacct row of job {job.job_id} is still {job.state_text!r}: "
+                            "accounting cannot tell gated, held and pending apart")
+    hold = None if accounting or base != "PENDING" else _hold_instance(job)
+    facts = Facts(job=job, unreported=not job.base_state, accounting=accounting,
+                  restart=0 if accounting else (job.restart_count or 0), hold=hold, now=now)
+    if base not in BASE_STATES or not KNOWN_FLAGS.issuperset(flags):
+        return UNKNOWN_RULE, facts
+    for rule in BASE_RULES[base]:
+        if rule.when(facts):
+            return rule, facts
+    raise AssertionError(f"no rule for base state {base}")  # every table ends in _always
+
+
+def _hold_instance(job: SlurmJob) -> int | None:
+    """SPEC §5: prefer the begin (eligible) time, else the start time, decoded against
+    the job's current submit time."""
+    begin = job.eligible_time if job.eligible_time is not None else job.start_time
+    if begin is None or job.submit_time is None:
+        return None
+    return decode_hold(begin, job.submit_time)
+
+
+def _identity(job: SlurmJob, *, accounting: bool) -> tuple[int | None, int | None, bool]:
+    """(submission, attempt, foreign). SPEC §2: a ``dj-<ULID>`` job whose comment does not
+    parse is foreign; from sacct a missing comment (no job_comment) is unknown instead."""
+    if job_id_of_name(job.name) is None:
+        return None, None, True
+    parsed = parse_comment(job.comment)
+    if parsed is not None:
+        return parsed[0], parsed[1], False
+    if accounting and not job.comment:
+        return None, None, False
+    return None, None, True
+
+
+def _ahead(moment: int | None, now: int | None) -> bool:
+    return moment is not None and now is not None and moment > now
