@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import pwd
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -156,14 +158,17 @@ async def test_run_as_other_user() -> None:
 
 
 @needs_root
-async def test_run_as_timeout_kills_runuser_and_its_child(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pid"
-    tmp_path.chmod(0o777)
-    runner = LocalRunner(run_as=other_user())
-    with pytest.raises(TransientError):
-        await runner.run(["sh", "-c", f"echo $$ > {pidfile}; sleep 30"], timeout=0.5)
-    pid = int(pidfile.read_text())
-    await wait_gone(pid)
+async def test_run_as_timeout_kills_runuser_and_its_child() -> None:
+    shared = Path(tempfile.mkdtemp(prefix="dispatch-runner-test-"))
+    try:
+        shared.chmod(0o777)  # pytest's tmp_path is private to root
+        pidfile = shared / "pid"
+        runner = LocalRunner(run_as=other_user())
+        with pytest.raises(TransientError):
+            await runner.run(["sh", "-c", f"echo $$ > {pidfile}; sleep 30"], timeout=0.5)
+        await wait_gone(int(pidfile.read_text()))
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_run_as_current_user_needs_no_runuser() -> None:
@@ -330,17 +335,31 @@ async def test_rate_limiter_allows_a_burst_then_the_rate() -> None:
 
 
 async def test_rate_limiter_serves_waiters_in_order() -> None:
-    t = FakeTime()
-    limiter = RateLimiter(1, burst=1, clock=t.clock, sleep=t.sleep)
+    limiter = RateLimiter(100, burst=1)  # the real clock: 10 ms per token
     order: list[int] = []
 
     async def take(i: int) -> None:
         await limiter.acquire()
         order.append(i)
 
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     await asyncio.gather(*(take(i) for i in range(5)))
     assert order == [0, 1, 2, 3, 4]
-    assert t.now == pytest.approx(1004.0)
+    assert 0.035 <= loop.time() - t0 < 0.5
+
+
+async def test_rate_limiter_cancelled_waiter_returns_its_token() -> None:
+    t = FakeTime()
+    limiter = RateLimiter(1, burst=1, clock=t.clock, sleep=asyncio.sleep)
+    await limiter.acquire()
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    t.now += 1.0  # one token's worth of time: exactly one acquire is free again
+    await asyncio.wait_for(limiter.acquire(), 0.5)
 
 
 @pytest.mark.parametrize("rate, burst", [(0, 1), (-1, 1), (float("nan"), 1), (1, 0)])

@@ -36,7 +36,7 @@ Sleep = Callable[[float], Awaitable[None]]
 # Every command sees these, whatever the caller passes: Slurm's clients parse
 # and print times in the local time zone (SPEC §5), and C.UTF-8 keeps their
 # messages and number formats stable.
-FIXED_ENV: Mapping[str, str] = {"LANG": "C.UTF-8", "TZ": "UTC"}
+FIXED_ENV: Mapping[str, str] = {"TZ": "UTC", "LANG": "C.UTF-8"}
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -95,7 +95,7 @@ class RateLimiter:
     """A token bucket: at most ``burst`` commands at once, ``rate`` per second sustained.
 
     One instance can be shared by every runner of the process to enforce one
-    global budget over all Slurm commands. Waiters are served in arrival order.
+    global budget over all Slurm commands.
     """
 
     def __init__(self, rate: float, *, burst: int = 1, clock: Clock = time.monotonic,
@@ -110,7 +110,6 @@ class RateLimiter:
         self._sleep = sleep
         self._tokens = float(burst)
         self._updated = clock()
-        self._lock = asyncio.Lock()
 
     def _refill(self) -> None:
         now = self._clock()
@@ -118,14 +117,22 @@ class RateLimiter:
         self._updated = now
 
     async def acquire(self) -> None:
-        """Wait until a token is available and take it."""
-        async with self._lock:  # FIFO: the lock hands over in arrival order
-            while True:
-                self._refill()
-                if self._tokens >= 1.0:
-                    self._tokens -= 1.0
-                    return
-                await self._sleep((1.0 - self._tokens) / self._rate)
+        """Take a token, waiting until it is due.
+
+        Each caller reserves its token at once (the bucket may go into debt) and
+        sleeps until the debt is paid off, so waiters are served in arrival
+        order without a lock held across the sleep. A cancelled waiter gives
+        its token back.
+        """
+        self._refill()
+        self._tokens -= 1.0
+        if self._tokens >= 0:
+            return
+        try:
+            await self._sleep(-self._tokens / self._rate)
+        except asyncio.CancelledError:
+            self._tokens = min(self._burst, self._tokens + 1.0)
+            raise
 
 
 def validate_argv(argv: Sequence[str]) -> tuple[str, ...]:

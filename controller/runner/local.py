@@ -121,7 +121,7 @@ class LocalRunner:
     async def _spawn(self, argv: tuple[str, ...], *, stdin: str | None, timeout: float,
                      env: dict[str, str], start: float) -> CommandResult:
         name = command_name(argv)
-        missing = _not_executable(argv[0], env.get("PATH", ""))
+        missing = _not_executable(argv[0], path=env.get("PATH", ""), cwd=self._cwd)
         if missing is not None:
             return CommandResult(argv, missing, "", f"{argv[0]}: {_MISSING[missing]}\n",
                                  self._clock() - start)
@@ -165,12 +165,15 @@ class LocalRunner:
 _MISSING = {127: "command not found", 126: "permission denied"}
 
 
-def _not_executable(program: str, path: str) -> int | None:
+def _not_executable(program: str, *, path: str, cwd: str) -> int | None:
     """126/127 as a shell would exit for ``program``, or None if it can be executed.
 
     Checked here because ``runuser`` exits 1 for both, indistinguishable from
-    the program's own failure.
+    the program's own failure. A relative path is looked up from the child's
+    working directory, as exec will.
     """
+    if "/" in program:
+        program = os.path.join(cwd, program)
     if shutil.which(program, path=path) is not None:
         return None
     return 126 if "/" in program and os.path.exists(program) else 127

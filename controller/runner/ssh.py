@@ -286,7 +286,8 @@ class SSHRunner:
             known = asyncssh.read_known_hosts(self._known_hosts)
         except (OSError, ValueError) as exc:
             raise HostKeyError(
-                f"cannot read known_hosts {self._known_hosts}: {exc}", host=self._host,
+                f"cannot verify the host key of {self._target}: cannot read known_hosts"
+                f" {self._known_hosts}: {exc}", host=self._host,
                 port=self._port, known_hosts=self._known_hosts) from exc
         keys = []
         for path in self._client_keys:
