@@ -8,13 +8,13 @@ writes into its known_hosts file.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import contextlib
 import json
 import os
 import random
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
