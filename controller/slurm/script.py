@@ -20,7 +20,9 @@ Runs under ``set -eu``, so every step stops the script when it fails:
    with the job and hands to every execution of it (requeues included).
 
 The here-document delimiter is ``DISPATCH_EOF``, or ``DISPATCH_EOF_<i>`` for the
-first ``i`` such that no line of the body equals it.
+first ``i`` such that no line of the body equals it (values never span lines, see
+below, so in practice it is always ``DISPATCH_EOF``); rendering is refused when
+no candidate is free.
 
 sbatch options, in this fixed order
 -----------------------------------
@@ -67,6 +69,9 @@ resolved on the host, because ``~`` cannot be resolved on the compute node
 (``--export=NIL`` leaves no ``HOME`` there). The rendered text does not depend on
 the host, so ``--dry-run`` prints exactly what runs. Like every Env value, pass
 values are stored by slurmctld (as job arguments): no secrets.
+Checked on real Slurm 22.05: the job saw the exact argv, Env and pass values,
+and after ``scontrol requeue`` it ran again with the same arguments (``r1`` files,
+``DISPATCH_EPOCH`` N*1000000+1).
 
 The batch script (SPEC §3.2)
 ----------------------------
@@ -77,9 +82,17 @@ a canonical decimal below 1,000,000; ``DISPATCH_ATTEMPT=s<N>-<jobid>-r<R>``,
 this execution's files; the pass variables; ``SLURM_EXPORT_ENV=ALL``; the Env
 variables sorted by name; ``exec`` of the command. Never srun.
 
-Values are single-quoted literals. sbatch refuses a script containing CR LF, so a
-value with a carriage return is written as single-quoted pieces joined by
-``"$DISPATCH_CR"``, a shell variable (never exported) holding one CR.
+Values are single-quoted literals, and every value is kept on one line: a
+newline or carriage return in a value is written as ``"$DISPATCH_NL"`` or
+``"$DISPATCH_CR"`` between single-quoted pieces (shell variables set just before
+the Env exports, never exported). So every line of the batch script starts with
+our own text, which
+
+* keeps CR LF out of the script (sbatch refuses a script containing it);
+* means no line of a value can end the here-document early;
+* avoids a dash 0.5.12 bug (Debian 12's /bin/sh): in a here-document, a line that
+  starts like the delimiter and continues with a byte >= 0x80 loses that byte
+  (``D`` + ``é`` arrives as ``D`` + the second byte of ``é``).
 
 Output files
 ------------
@@ -123,7 +136,9 @@ MANIFEST_VERSION = 1
 HEREDOC_DELIMITER = "DISPATCH_EOF"
 MAX_SIGNAL_GRACE_S = 65_535  # sbatch --signal=...@<sig_time> limit
 SETUP_FAILED_EXIT = 125  # the batch script refused to run the command
-_CR_VAR = "DISPATCH_CR"
+# shell variables holding the characters a value may not carry literally (never exported)
+_LINE_BREAK_VARS = {"\n": "DISPATCH_NL", "\r": "DISPATCH_CR"}
+_LINE_BREAK_RE = re.compile(r"([\n\r])")
 _MAX_DELIMITER_TRIES = 1000
 _BAD_OUTPUT_DIR_CHARS = {"%": "%", "\\": "a backslash", "\n": "a newline", "\t": "a tab"}
 _EXECUTION_RE = re.compile(r"(0|[1-9][0-9]*)-r(0|[1-9][0-9]*)")
@@ -291,11 +306,16 @@ def sort_execution_files(names: Iterable[str], prefix: str, suffix: str) -> list
 
 
 def _literal(value: str) -> str:
-    """One shell word for ``value``, never containing a carriage return."""
-    if "\r" not in value:
+    """One shell word for ``value``, on one line (see the module docstring)."""
+    if "\n" not in value and "\r" not in value:
         return shlex.quote(value)
-    return f'"${_CR_VAR}"'.join(shlex.quote(piece) if piece else ""
-                                 for piece in value.split("\r"))
+    words = []
+    for piece in _LINE_BREAK_RE.split(value):
+        if piece in _LINE_BREAK_VARS:
+            words.append(f'"${_LINE_BREAK_VARS[piece]}"')
+        elif piece:
+            words.append(shlex.quote(piece))
+    return "".join(words)
 
 
 def _option(name: str, value: object | None = None) -> str:
@@ -450,8 +470,10 @@ def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
                      f"*) unset {name} ;; esac")
     lines.append("export SLURM_EXPORT_ENV=ALL")
     literal_values = [value for _, value in spec.env] + list(spec.command)
+    if any("\n" in value for value in literal_values):
+        lines += ["DISPATCH_NL='", "'"]
     if any("\r" in value for value in literal_values):
-        lines.append(f"{_CR_VAR}=$(printf '\\r')")
+        lines.append("DISPATCH_CR=$(printf '\\r')")
     for name, value in sorted(spec.env):
         lines.append(f"export {name}={_literal(value)}")
     lines.append("exec " + " ".join(_literal(arg) for arg in spec.command))

@@ -1,0 +1,98 @@
+"""A small Python client for workflow backends: submit, get, wait, cancel, hold, release.
+
+It talks to the controller's database only (the daemon does the Slurm side), so it
+works from any process that can reach the database.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controller.errors import ErrInvalid, ErrNotFound
+from controller.model.ids import new_job_id, parse_job_id
+from controller.reconcile.plan import TERMINAL_PHASES, Desired
+from controller.reconcile.policy import parse_policy
+from controller.store import repo
+from controller.store.db import Store
+
+TERMINAL = frozenset(p.value for p in TERMINAL_PHASES)
+
+
+class Client:
+    def __init__(self, database_url: str, *, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store = Store(database_url)
+        self.clock = clock
+        self.sleep = sleep
+
+    def close(self) -> None:
+        self.store.dispose()
+
+    def submit(self, document: Mapping[str, Any], *, job_id: str | None = None,
+               policy: Mapping[str, Any] | None = None, held: bool = False) -> str:
+        """Write a desired job record; returns its id. Validation errors raise ErrInvalid."""
+        jid = parse_job_id(job_id) if job_id else new_job_id()
+        if policy is not None:
+            parse_policy(policy)
+        with self.store.transaction() as tx:
+            repo.insert_job(tx, job_id=jid, document=document,
+                            desired="held" if held else "run", policy=policy,
+                            now=int(self.clock()))
+        return jid
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        with self.store.transaction() as tx:
+            (view,) = repo.list_jobs(tx, job_id=job_id)
+        return view.to_json()
+
+    def list_jobs(self, selector: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        with self.store.transaction() as tx:
+            return [v.to_json() for v in repo.list_jobs(tx, selector=selector)]
+
+    def _set(self, job_ids: list[str], desired: Desired) -> int:
+        with self.store.transaction() as tx:
+            changed = repo.set_desired(tx, job_ids, desired, now=int(self.clock()))
+        if changed == 0 and job_ids:
+            raise ErrNotFound(f"no job {job_ids[0]}" if len(job_ids) == 1 else "no such jobs")
+        return changed
+
+    def cancel(self, job_id: str) -> None:
+        self._set([job_id], Desired.STOPPED)
+
+    def hold(self, job_id: str) -> None:
+        self._set([job_id], Desired.HELD)
+
+    def release(self, job_id: str) -> None:
+        self._set([job_id], Desired.RUN)
+
+    def cancel_selector(self, selector: Mapping[str, str]) -> int:
+        """Bulk stop: every job whose labels match (a whole workflow)."""
+        if not selector:
+            raise ErrInvalid("an empty selector would match every job", field="selector")
+        with self.store.transaction() as tx:
+            ids = repo.job_ids_by_selector(tx, selector)
+            return repo.set_desired(tx, ids, Desired.STOPPED, now=int(self.clock()))
+
+    def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 1.0,
+             on_change: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Block until the job reaches a terminal phase (or ``timeout``: TimeoutError)."""
+        deadline = None if timeout is None else self.clock() + timeout
+        last: tuple[Any, ...] | None = None
+        while True:
+            view = self.get(job_id)
+            key = (view["phase"], view["object_state"], view["attempt"], view["slurm_job_id"])
+            if key != last and on_change is not None:
+                on_change(view)
+            last = key
+            if view["phase"] in TERMINAL:
+                return view
+            if deadline is not None and self.clock() >= deadline:
+                raise TimeoutError(f"job {job_id} is still {view['phase']}")
+            self.sleep(poll_s)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,0 +1,48 @@
+#!/bin/sh
+# dispatch Start: job 01JZ8Q2N5V0000000000000005 generation 1 submission 1 attempt 0
+set -eu
+D="$HOME"/.dispatch/output/01JZ8Q2N5V0000000000000005
+mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s1-", "suffix": ".out"}, "stderr": {"prefix": "s1-", "suffix": ".err"}}' >"$D/s1.manifest.tmp"
+mv -f -- "$D/s1.manifest.tmp" "$D/s1.manifest"
+sbatch --parsable \
+  --job-name=dj-01JZ8Q2N5V0000000000000005 \
+  '--comment=dispatch:s=1;a=0' \
+  --export=NIL \
+  '--chdir=/home/o'"'"'neil/runs dir' \
+  "--output=$D/s1-%j.slurm" \
+  "--error=$D/s1-%j.slurm" \
+  --open-mode=append \
+  --no-requeue \
+  /dev/stdin \
+  "$D" \
+  "${PATH+=}${PATH-}" <<'DISPATCH_EOF'
+#!/bin/sh
+# arguments: the output directory, then per environment.pass variable (PATH) =value, or empty when unset on the host
+DISPATCH_JOB_ID=01JZ8Q2N5V0000000000000005
+DISPATCH_SUBMISSION=1
+case ${SLURM_JOB_ID:-} in
+''|*[!0-9]*) printf 'dispatch: SLURM_JOB_ID=%s is not a job id\n' "${SLURM_JOB_ID:-}" >&2; exit 125 ;;
+esac
+R=${SLURM_RESTART_COUNT:-0}
+case $R in
+0|[1-9]|[1-9][0-9]|[1-9][0-9][0-9]|[1-9][0-9][0-9][0-9]|[1-9][0-9][0-9][0-9][0-9]|[1-9][0-9][0-9][0-9][0-9][0-9]) ;;
+*) printf 'dispatch: SLURM_RESTART_COUNT=%s is not a restart count below 1000000\n' "$R" >&2; exit 125 ;;
+esac
+DISPATCH_ATTEMPT=s1-${SLURM_JOB_ID}-r${R}
+DISPATCH_EPOCH=$((1 * 1000000 + R))
+export DISPATCH_JOB_ID DISPATCH_SUBMISSION DISPATCH_ATTEMPT DISPATCH_EPOCH
+exec >>"$1/s1-${SLURM_JOB_ID}-r${R}.out" 2>>"$1/s1-${SLURM_JOB_ID}-r${R}.err"
+case ${2} in =*) PATH=${2#=}; export PATH ;; *) unset PATH ;; esac
+export SLURM_EXPORT_ENV=ALL
+DISPATCH_NL='
+'
+DISPATCH_CR=$(printf '\r')
+export CRLF=a"$DISPATCH_CR""$DISPATCH_NL"b"$DISPATCH_CR"
+export EMPTY=''
+export GREETING='hello '"'"'world'"'"' "x" $HOME `whoami` \n'
+export MULTI='line one'"$DISPATCH_NL"DISPATCH_EOF"$DISPATCH_NL"'line three'"$DISPATCH_NL"
+export UNICODE='Grüße, 世界 — ☃'
+export _under='*?[a]~ ;&|<>(){}#'
+exec /bin/sh -c 'echo "$GREETING" `date` $(id -u) > out.txt; exit 3' 'it'"'"'s' '' a"$DISPATCH_CR""$DISPATCH_NL"b DISPATCH_EOF
+DISPATCH_EOF

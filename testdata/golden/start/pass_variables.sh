@@ -1,0 +1,50 @@
+#!/bin/sh
+# dispatch Start: job 01JZ8Q2N5V0000000000000008 generation 1 submission 1 attempt 0
+set -eu
+D=/shared/dispatch/output/01JZ8Q2N5V0000000000000008
+mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s1-", "suffix": ".out"}, "stderr": {"prefix": "s1-", "suffix": ".err"}}' >"$D/s1.manifest.tmp"
+mv -f -- "$D/s1.manifest.tmp" "$D/s1.manifest"
+sbatch --parsable \
+  --job-name=dj-01JZ8Q2N5V0000000000000008 \
+  '--comment=dispatch:s=1;a=0' \
+  --export=NIL \
+  --chdir=/tmp \
+  "--output=$D/s1-%j.slurm" \
+  "--error=$D/s1-%j.slurm" \
+  --open-mode=append \
+  --no-requeue \
+  --partition=batch \
+  --account=physics \
+  --qos=normal \
+  --constraint=skylake \
+  --exclude=node13 \
+  /dev/stdin \
+  "$D" \
+  "${PATH+=}${PATH-}" \
+  "${HOME+=}${HOME-}" \
+  "${LANG+=}${LANG-}" <<'DISPATCH_EOF'
+#!/bin/sh
+# arguments: the output directory, then per environment.pass variable (PATH HOME LANG) =value, or empty when unset on the host
+DISPATCH_JOB_ID=01JZ8Q2N5V0000000000000008
+DISPATCH_SUBMISSION=1
+case ${SLURM_JOB_ID:-} in
+''|*[!0-9]*) printf 'dispatch: SLURM_JOB_ID=%s is not a job id\n' "${SLURM_JOB_ID:-}" >&2; exit 125 ;;
+esac
+R=${SLURM_RESTART_COUNT:-0}
+case $R in
+0|[1-9]|[1-9][0-9]|[1-9][0-9][0-9]|[1-9][0-9][0-9][0-9]|[1-9][0-9][0-9][0-9][0-9]|[1-9][0-9][0-9][0-9][0-9][0-9]) ;;
+*) printf 'dispatch: SLURM_RESTART_COUNT=%s is not a restart count below 1000000\n' "$R" >&2; exit 125 ;;
+esac
+DISPATCH_ATTEMPT=s1-${SLURM_JOB_ID}-r${R}
+DISPATCH_EPOCH=$((1 * 1000000 + R))
+export DISPATCH_JOB_ID DISPATCH_SUBMISSION DISPATCH_ATTEMPT DISPATCH_EPOCH
+exec >>"$1/s1-${SLURM_JOB_ID}-r${R}.out" 2>>"$1/s1-${SLURM_JOB_ID}-r${R}.err"
+case ${2} in =*) PATH=${2#=}; export PATH ;; *) unset PATH ;; esac
+case ${3} in =*) HOME=${3#=}; export HOME ;; *) unset HOME ;; esac
+case ${4} in =*) LANG=${4#=}; export LANG ;; *) unset LANG ;; esac
+export SLURM_EXPORT_ENV=ALL
+export LC_ALL=C.UTF-8
+export PATH=/opt/tool/bin:/usr/bin
+exec env
+DISPATCH_EOF
