@@ -139,6 +139,10 @@ def _configure_submit(parser: argparse.ArgumentParser) -> None:
                         help="attempt number, >= 0 (default 0)")
     parser.add_argument("--gate", action="store_true",
                         help="submit held (sbatch --hold), as the controller does")
+    parser.add_argument("--policy", metavar="FILE",
+                        help="recovery policy document (JSON) for this job")
+    parser.add_argument("--held", action="store_true",
+                        help="write the job with desired state held (release it later)")
 
 
 def _int_flag(text: str, flag: str, *, minimum: int, maximum: int | None = None) -> int:
@@ -153,8 +157,7 @@ def _int_flag(text: str, flag: str, *, minimum: int, maximum: int | None = None)
 
 def _submit(args: argparse.Namespace, streams: Streams) -> int:
     if not args.dry_run:
-        raise ErrUnsupported("submit without --dry-run needs the controller "
-                             "(not yet available)")
+        return _submit_to_database(args, streams)
     job_id = parse_job_id(args.job_id, field="--job-id") if args.job_id else new_job_id()
     submission = _int_flag(args.submission, "--submission", minimum=1, maximum=MAX_SUBMISSION)
     attempt = _int_flag(args.attempt, "--attempt", minimum=0)
@@ -172,10 +175,7 @@ def _submit(args: argparse.Namespace, streams: Streams) -> int:
 # ---------------------------------------------------------------- the table and main
 
 
-COMMANDS: dict[str, Command] = {
-    "submit": Command(help="validate a job document and submit it (now: --dry-run only)",
-                      configure=_configure_submit, handler=_submit),
-}
+COMMANDS: dict[str, Command] = {}  # filled below
 
 
 def build_parser(commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
@@ -217,6 +217,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DispatchError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=streams.stderr)
         return EXIT_FAILURE
+
+
+from controller.cli_jobs import register  # noqa: E402  (the controller-side rows)
+
+COMMANDS["submit"] = Command(help="validate a job document and write it for the daemon "
+                             "(--dry-run prints the Start script instead)",
+                             configure=_configure_submit, handler=_submit)
+register(COMMANDS)
+
+
+def _submit_to_database(args: argparse.Namespace, streams: Streams) -> int:
+    from controller.cli_jobs import submit_document
+
+    return submit_document(args, streams)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,11 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -382,8 +383,21 @@ def parse_config(doc: Mapping[str, Any]) -> Config:
     )
 
 
-def load_config(path: str | None) -> Config:
-    """Read and decode the TOML file at ``path``; ``None`` gives the defaults."""
+def load_config(path: str | None, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and decode the TOML file at ``path``; ``None`` gives the defaults.
+
+    ``DISPATCH_DATABASE_URL`` in ``environ`` (default: the process environment)
+    overrides ``database.url``, so a password can come from a Kubernetes Secret.
+    """
+    env = os.environ if environ is None else environ
+    config = _load_file(path)
+    url = env.get("DISPATCH_DATABASE_URL", "")
+    if url:
+        config = replace(config, database=DatabaseConfig(url=url))
+    return config
+
+
+def _load_file(path: str | None) -> Config:
     if path is None:
         return Config()
     try:

@@ -71,11 +71,26 @@ def test_secret_looking_env_warns_once_per_name(tmp_path: Path,
     ]
 
 
-def test_without_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(["submit", _write(tmp_path, GOOD)], capsys)
-    assert (code, out) == (2, "")
-    assert err == ("dispatchctl: error: submit without --dry-run needs the controller "
-                   "(not yet available)\n")
+def test_submit_writes_the_database_and_get_reads_it(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/d.db"\n')
+    job = _write(tmp_path, {**GOOD, "labels": {"wf": "x"}})
+    code, out, err = _run(["submit", job, "--config", str(config)], capsys)
+    assert code == 2 and "dispatchctl migrate" in err  # no schema yet: a clear error
+    assert _run(["migrate", "--config", str(config)], capsys)[0] == 0
+    code, out, err = _run(["submit", job, "--config", str(config)], capsys)
+    assert code == 0, err
+    job_id = out.strip()
+    assert len(job_id) == 26
+    code, out, _ = _run(["get", job_id, "-o", "json", "--config", str(config)], capsys)
+    got = json.loads(out)
+    assert code == 0 and (got["id"], got["phase"], got["attempt"]) == (job_id, "pending", 0)
+    code, out, _ = _run(["cancel", "-l", "wf=x", "--config", str(config)], capsys)
+    assert (code, out) == (0, "1 job(s) set to stopped\n")
+    code, _, err = _run(["get", "01JZ8Q2N5V0000000000000000", "--config", str(config)],
+                        capsys)
+    assert code == 1 and "no job" in err
 
 
 @pytest.mark.parametrize(("doc", "extra", "field"), [
