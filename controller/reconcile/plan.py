@@ -361,9 +361,12 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
     if job.unknown_since is not None:
         b.update(unknown_since=None)
     b.condition("Observed", True, "Seen", f"seen in {obs.source.value}")
-    b.submissions.append(SubmissionUpdate(job.job_id, job.current.submission,
-                                          "ended" if obs.state == State.ENDED else "submitted",
-                                          obs))
+    if (obs.state, obs.cause.kind, obs.nodes or job.nodes) != (
+            job.object_state, job.cause.kind, job.nodes) or job.unknown_since is not None:
+        # record the submission row only when what was seen changed (no per-tick writes)
+        b.submissions.append(SubmissionUpdate(
+            job.job_id, job.current.submission,
+            "ended" if obs.state == State.ENDED else "submitted", obs))
     b.update(object_state=obs.state, reason=obs.reason,
              nodes=obs.nodes or job.nodes, started_at=obs.start or job.started_at)
     if obs.state == State.ENDED:

@@ -91,6 +91,7 @@ class Reconciler:
         self.clock = clock
         self.settings = settings or TickSettings()
         self.cluster_stats: ClusterStats | None = None
+        self._spec_cache: repo.SpecCache = {}
         self.last_success: float | None = None
 
     def now(self) -> int:
@@ -115,8 +116,11 @@ class Reconciler:
         now = self.now()
         t0 = time.perf_counter()
         with self.store.transaction() as tx:
-            loaded = repo.load_tracked(tx, self.adapter.cluster)
-            previous = repo.statuses_by_id(tx, [j.state.job_id for j in loaded])
+            loaded = repo.load_tracked(tx, self.adapter.cluster, cache=self._spec_cache)
+        previous = {j.state.job_id: j.previous for j in loaded if j.previous is not None}
+        if len(self._spec_cache) > 2 * len(loaded) + 1000:  # forget jobs that finished
+            live_ids = {j.state.job_id for j in loaded}
+            self._spec_cache = {k: v for k, v in self._spec_cache.items() if k in live_ids}
         report.tracked = len(loaded)
         self.metrics.tracked.set(len(loaded))
         report.timings["load"] = time.perf_counter() - t0

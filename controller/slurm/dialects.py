@@ -29,11 +29,12 @@ Normalisation rules worth knowing (the rest is in the helpers' docstrings):
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final, TypeGuard
 
 from controller.errors import ProtocolError
@@ -534,11 +535,18 @@ def parse_text_time(text: str, *, path: str = "time") -> int | None:
         return None
     if text.isdigit():
         return int(text) or None
+    if _ISO_TIME_RE.fullmatch(text) is None:
+        raise ProtocolError(f"{path}: not a Slurm time: {text!r:.80}")
     try:
-        moment = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S")
+        fields = (int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]),
+                  int(text[14:16]), int(text[17:19]))
+        datetime(*fields)  # validates the calendar (no 2026-02-30)
     except ValueError:
         raise ProtocolError(f"{path}: not a Slurm time: {text!r:.80}") from None
-    return int(moment.replace(tzinfo=UTC).timestamp())
+    return calendar.timegm(fields)
+
+
+_ISO_TIME_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}")
 
 
 def parse_duration(text: str, *, path: str = "time limit") -> int | None:

@@ -190,6 +190,7 @@ class LoadedJob:
     state: JobState
     reject_reason: str = ""
     has_status: bool = True
+    previous: dict[str, Any] | None = None  # the status row as loaded, for no-op detection
 
 
 def _decode_conditions(text: str) -> tuple[Condition, ...]:
@@ -207,19 +208,41 @@ def encode_conditions(conditions: Iterable[Condition]) -> str:
                         "observed_generation": c.observed_generation} for c in conditions])
 
 
-def _validate_row(job: Job) -> tuple[JobSpec, Any, Desired]:
-    parse_job_id(job.id, field="id")
+SpecCache = dict[str, tuple[tuple[str, str | None, str], Any]]
+
+
+def _validate_row(job_id: str, spec_text: str, policy_text: str | None,
+                  desired_text: str) -> tuple[JobSpec, Any, Desired]:
+    parse_job_id(job_id, field="id")
     try:
-        doc = json.loads(job.spec)
+        doc = json.loads(spec_text)
     except (json.JSONDecodeError, TypeError) as exc:
         raise ErrInvalid(f"not JSON: {exc}", field="spec") from None
     spec = parse_job_document(doc)
-    policy = parse_policy(job.policy)
+    policy = parse_policy(policy_text)
     try:
-        desired = Desired(job.desired)
+        desired = Desired(desired_text)
     except ValueError:
         raise ErrInvalid("must be run, held or stopped", field="desired") from None
     return spec, policy, desired
+
+
+def _validated(cache: SpecCache | None, job_id: str, spec_text: str, policy_text: str | None,
+               desired_text: str) -> tuple[JobSpec, Any, Desired] | DispatchError:
+    """Validate a row, reusing the result for an unchanged row (the tick's hot path)."""
+    key = (spec_text, policy_text, desired_text)
+    if cache is not None:
+        hit = cache.get(job_id)
+        if hit is not None and hit[0] == key:
+            return hit[1]  # type: ignore[no-any-return]
+    try:
+        result: tuple[JobSpec, Any, Desired] | DispatchError = _validate_row(
+            job_id, spec_text, policy_text, desired_text)
+    except DispatchError as exc:
+        result = exc
+    if cache is not None:
+        cache[job_id] = (key, result)
+    return result
 
 
 def _int_map(text: str) -> dict[str, int]:
@@ -230,52 +253,64 @@ def _int_map(text: str) -> dict[str, int]:
         return {}
 
 
-def load_tracked(tx: Session, cluster: str) -> list[LoadedJob]:
-    """Every job the controller still has to reconcile (no status yet, or not terminal)."""
+_STATUS_COLUMNS = [c for c in JobStatus.__table__.columns if c.name != "job_id"]
+
+
+def load_tracked(tx: Session, cluster: str, *,
+                 cache: SpecCache | None = None) -> list[LoadedJob]:
+    """Every job the controller still has to reconcile (no status yet, or not terminal).
+
+    ``cache`` (owned by the caller, kept across ticks) skips re-validating rows whose
+    spec, policy and desired state did not change.
+    """
     rows = tx.execute(
-        select(Job, JobStatus).outerjoin(JobStatus, JobStatus.job_id == Job.id)
+        select(Job.id, Job.spec, Job.policy, Job.desired, Job.generation,
+               JobStatus.job_id.label("has_status"), *_STATUS_COLUMNS)
+        .outerjoin(JobStatus, JobStatus.job_id == Job.id)
         .where((JobStatus.job_id.is_(None)) | (JobStatus.phase.not_in(TERMINAL)))
     ).all()
     out: list[LoadedJob] = []
-    for job, status in rows:
-        try:
-            spec, policy, desired = _validate_row(job)
-        except DispatchError as exc:
-            out.append(LoadedJob(JobState(job_id=job.id, generation=job.generation or 0,
+    for row in rows:
+        job_id = row.id
+        checked = _validated(cache, job_id, row.spec, row.policy, row.desired)
+        if isinstance(checked, DispatchError):
+            out.append(LoadedJob(JobState(job_id=job_id, generation=row.generation or 0,
                                           desired=Desired.RUN, spec=None,
-                                          phase=Phase.REJECTED), reject_reason=str(exc),
-                                 has_status=status is not None))
+                                          phase=Phase.REJECTED), reject_reason=str(checked),
+                                 has_status=row.has_status is not None))
             continue
-        if status is None:
-            out.append(LoadedJob(JobState(job_id=job.id, generation=job.generation,
+        spec, policy, desired = checked
+        if row.has_status is None:
+            out.append(LoadedJob(JobState(job_id=job_id, generation=row.generation,
                                           desired=desired, spec=spec, policy=policy),
                                  has_status=False))
             continue
         current = None
-        if status.current_submission is not None:
+        if row.current_submission is not None:
             ref = None
-            if status.slurm_job_id is not None and status.slurm_submit is not None:
-                ref = ObjectRef(status.cluster or cluster, "dj-" + job.id, status.slurm_job_id,
-                                status.slurm_submit)
-            current = Current(status.current_submission, status.attempt,
-                              status.current_since or 0, ref)
+            if row.slurm_job_id is not None and row.slurm_submit is not None:
+                ref = ObjectRef(row.cluster or cluster, "dj-" + job_id, row.slurm_job_id,
+                                row.slurm_submit)
+            current = Current(row.current_submission, row.attempt, row.current_since or 0, ref)
+        previous = {c.name: getattr(row, c.name) for c in _STATUS_COLUMNS
+                    if c.name != "updated_at"}
         out.append(LoadedJob(JobState(
-            job_id=job.id, generation=job.generation, desired=desired, spec=spec,
-            policy=policy, phase=Phase(status.phase), submission=status.submission,
-            attempt=status.attempt, current=current,
-            object_state=State(status.object_state) if status.object_state else None,
-            cause=Cause(CauseKind(status.cause) if status.cause else CauseKind.NONE,
-                        Provenance.UNKNOWN, status.cause_detail),
-            exit_code=status.exit_code, reason=status.reason,
-            nodes=tuple(filter(None, status.nodes.split(","))),
-            budgets_used=_int_map(status.budgets_used),
-            excluded_nodes=_int_map(status.excluded_nodes), not_before=status.not_before,
-            unknown_since=status.unknown_since, hold_instance=status.hold_instance,
-            started_at=status.started_at, ended_at=status.ended_at,
-            observed_generation=status.observed_generation,
-            conditions=_decode_conditions(status.conditions),
-            outputs_verified=status.outputs_verified,
-        )))
+            job_id=job_id, generation=row.generation, desired=desired, spec=spec,
+            policy=policy, phase=Phase(row.phase), submission=row.submission,
+            attempt=row.attempt, current=current,
+            object_state=State(row.object_state) if row.object_state else None,
+            cause=Cause(CauseKind(row.cause) if row.cause else CauseKind.NONE,
+                        Provenance.UNKNOWN, row.cause_detail),
+            exit_code=row.exit_code, reason=row.reason,
+            nodes=tuple(filter(None, row.nodes.split(","))),
+            budgets_used=_int_map(row.budgets_used),
+            excluded_nodes=_int_map(row.excluded_nodes), not_before=row.not_before,
+            unknown_since=row.unknown_since, hold_instance=row.hold_instance,
+            started_at=row.started_at, ended_at=row.ended_at,
+            observed_generation=row.observed_generation,
+            conditions=_decode_conditions(row.conditions),
+            outputs_verified=bool(row.outputs_verified),
+        ), previous=previous))
     return out
 
 
@@ -373,18 +408,6 @@ def add_events(tx: Session, events: Iterable[PlannedEvent], *, now: int) -> None
 
 def add_event(tx: Session, job_id: str, kind: str, message: str, *, now: int) -> None:
     tx.add(Event(job_id=job_id, at=now, kind=kind, message=message, data="{}"))
-
-
-def statuses_by_id(tx: Session, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Current status rows as the dicts ``status_row_values`` produces, for no-op detection."""
-    out: dict[str, dict[str, Any]] = {}
-    cols = [c for c in JobStatus.__table__.columns if c.name not in ("job_id", "updated_at")]
-    for chunk_start in range(0, len(job_ids), 5000):
-        chunk = list(job_ids[chunk_start:chunk_start + 5000])
-        for row in tx.execute(select(JobStatus.__table__).where(JobStatus.job_id.in_(chunk))):
-            mapping = row._mapping
-            out[mapping["job_id"]] = {c.name: mapping[c.name] for c in cols}
-    return out
 
 
 def observation_summary(obs: ObjectObs) -> str:
