@@ -20,7 +20,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.jobs = Gauge("dispatch_jobs", "Tracked dispatch jobs by phase.", ["phase"],
+        self.jobs = Gauge("dispatch_jobs", "Dispatch jobs by phase.", ["phase"],
                           registry=r)
         self.objects = Gauge("dispatch_job_objects", "Current Slurm objects of non-terminal "
                              "dispatch jobs by observed state.", ["state"], registry=r)

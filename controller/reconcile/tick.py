@@ -22,7 +22,13 @@ from collections import Counter as CountOf
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from controller.errors import DispatchError, ErrNotFound, ProtocolError, TransientError
+from controller.errors import (
+    DispatchError,
+    ErrInvalid,
+    ErrNotFound,
+    ProtocolError,
+    TransientError,
+)
 from controller.metrics import Metrics
 from controller.model.ids import JobID
 from controller.model.obs import (
@@ -291,7 +297,16 @@ class Reconciler:
                                submission=action.submission, attempt=action.attempt,
                                spec=action.spec, gate=True, extra_exclude=action.exclude)
         try:
-            ref = await self.adapter.start(request)
+            try:
+                ref = await self.adapter.start(request)
+            except ErrInvalid:
+                if not action.exclude:
+                    raise
+                # Excluding the failed node(s) left nothing that fits: the exclusion is a
+                # preference, so submit without it (sbatch refused; nothing was created).
+                self._record_event(action.job_id, "ExclusionDropped",
+                                   "no node fits without " + ",".join(action.exclude))
+                ref = await self.adapter.start(replace(request, extra_exclude=()))
         except ErrNotFound:
             raise
         except (TransientError, ProtocolError):
