@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from controller.errors import (
     DispatchError,
     ErrInvalid,
-    ErrNotFound,
+    ErrUnsupported,
     ProtocolError,
     TransientError,
 )
@@ -307,12 +307,10 @@ class Reconciler:
                 self._record_event(action.job_id, "ExclusionDropped",
                                    "no node fits without " + ",".join(action.exclude))
                 ref = await self.adapter.start(replace(request, extra_exclude=()))
-        except ErrNotFound:
-            raise
-        except (TransientError, ProtocolError):
-            raise  # outcome unknown: the intent stays, the next tick adopts or abandons it
-        except DispatchError as exc:
-            # Slurm refused the submission (bad partition, policy): the job fails with it
+        except (ErrInvalid, ErrUnsupported) as exc:
+            # Slurm refused the submission (bad partition, policy): the job fails with it.
+            # Anything else (transport, host key, timeout) leaves the intent for the next
+            # tick to adopt or abandon: never a job failure for the operator's problem.
             self._fail_submission(job, action, exc)
             raise
         self.metrics.submissions.inc()

@@ -1,0 +1,1188 @@
+"""The Slurm adapter: SPEC §2-§5 against a real cluster, every command through a ``Runner``.
+
+``SlurmAdapter`` implements ``controller.reconcile.ports.SlurmPort`` and the rest of the
+operations a client of one Slurm cluster needs (Inspect, Requeue, Output, Preflight). It
+owns three things nothing else may do:
+
+* **which Slurm command answers which question** (one argv list each; quoting happens
+  only in the sh scripts of Start, Output and missing_paths);
+* **the identity check** before every write (SPEC §2): the job with the ref's id is read
+  from slurmctld *now* with a single-id ``squeue -j <id>`` (slurmctld's cheap
+  ``slurm_load_job`` path) and the write goes ahead only when the id, the exact name and
+  the submit time (equal, or later when the restart count is above zero) agree, the job
+  belongs to our user and its comment is ours. Anything else acts on nothing;
+* **error mapping**: Slurm's messages become ``controller.errors`` here, once, in
+  ``slurm_failure``; no other module matches Slurm's text.
+
+Reading the queue
+-----------------
+Find and FindMany make **one** command for any number of jobs::
+
+    squeue -h --me --states=all -O <dialects.SQUEUE_TEXT_FORMAT>
+
+and keep, byte for byte, the rows named ``dj-<ULID>`` that were asked for and belong to
+our user. The text form is the reader on every supported version (22.05 .. 26.05):
+
+* ``--me`` is applied by slurmctld in the text form on every version (squeue sends the
+  one-user RPC), so the answer holds only our jobs. 22.05's ``--json`` ignores every
+  filter and dumps every job of every user -- on a busy cluster that is the most
+  expensive call there is, and the only correct use of it would be client-side
+  filtering of everybody's jobs;
+* from 24.05.1 ``squeue --json`` honours the filters too, but it serialises every field
+  of every job through the data_parser (kilobytes per job, against ~250 bytes of text
+  for the 18 columns we read), and its shape changes with each data_parser version.
+  slurmctld's work is the same either way (the same RPC), so text is the cheaper read
+  for the same answer, and one code path is exercised by the real-cluster tests on
+  every version;
+* the text form cannot print a '|' in a name safely, so only rows that start
+  ``<id>|dj-<ULID>|`` are parsed at all: no other job of the user, whatever its name,
+  can break or shift a read of ours.
+
+``Capabilities.reader`` records the choice (``reader_for``), so a future JSON reader is
+one table row away.
+
+Accounting
+----------
+Once a job has left slurmctld's memory (``MinJobAge``), Inspect and InspectMany read
+``sacct -X -D -P -n -o <dialects.SACCT_TEXT_FIELDS> -j <ids> -S <since>`` (text, because
+22.05's sacct JSON reports exit code 0 for every normal exit). ``-D`` returns every
+record of a reused id; the record of *this* object is chosen by ``pick_record``: the
+chain of records that starts at the ref's exact submit time with the ref's name, and
+continues only through records that Slurm requeued (REQUEUED, NODE_FAIL, PREEMPTED) and
+whose comment names the same submission. The newest record of that chain is the
+object's state. A record of a job that reused the id (even one of the same dispatch
+job) is never taken for it: Inspect also cuts the chain at the submit time of the live
+job that holds the id now, and where neither that nor the comments can tell (a newer
+record still pending or running, so without its comment) sacct's row is refused by
+``classify`` rather than reported.
+
+Start
+-----
+Each Start script (``script.render_start_script``, unchanged) runs as a shell function
+in its own subshell, and the same runner call reads the new job back; Starts issued
+together share one call (``batch_script``): one round trip, one process spawn, one
+read-back squeue for many submissions, each keeping its own exit status and messages.
+An outcome that is not known (the call failed, timed out, the shell died before the
+script reported) is resolved by rediscovery by name and submission, never by
+submitting again.
+
+Output
+------
+Output lists a submission's execution files and reads new bytes by offset on the Slurm
+host (``tail -c +N | head -c M | base64``), so binary output survives any transport.
+
+Times
+-----
+Slurm's clients print and parse times in the local time zone; the runners run every
+command with ``TZ=UTC`` and this module formats every time it sends as UTC
+``YYYY-MM-DDTHH:MM:SS``. A hold is read back after it is set, to confirm the exact second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import enum
+import logging
+import posixpath
+import re
+import shlex
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+from controller.errors import (
+    CommandFailed,
+    DispatchError,
+    ErrConflict,
+    ErrInvalid,
+    ErrNotFound,
+    ErrUnsupported,
+    ProtocolError,
+    TransientError,
+)
+from controller.model.obs import ObjectObs, ObjectRef, Source, StartRequest, State
+from controller.reconcile.ports import ClusterStats
+from controller.runner.base import CommandResult, Runner
+from controller.slurm import dialects, holds, naming, script
+from controller.slurm.classify import classify
+from controller.slurm.record import SlurmJob
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+Stream = Literal["stdout", "stderr"]
+
+SUPPORTED_MIN: Final = (22, 5)
+SUPPORTED_MAX: Final = (26, 5)
+SACCT_ARG_LIMIT: Final = 100_000  # bytes of the ``-j`` list per sacct call
+MISSING_PATHS_SCRIPT_LIMIT: Final = 60_000  # bytes of one missing_paths script
+OUTPUT_CHUNK: Final = 4 * 1024 * 1024  # bytes of one file read per output poll
+REDISCOVERY_WINDOW_S: Final = 900  # sacct -S before the Start began
+RECENT_START_WINDOW_S: Final = 3600  # cluster_stats: "started recently"
+
+# A row of ours in squeue/sacct text: the id, then a discovery-shaped name, then '|'.
+_OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
+_PARSABLE = re.compile(r"([0-9]+)(?:;(\S+))?")
+_VERSION = re.compile(r"(?:slurm(?:-wlm)?\s+)?([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
+
+# Where an ended record of accounting continues as the same Slurm job (a requeue).
+_REQUEUE_RECORD_STATES: Final = frozenset({"REQUEUED", "NODE_FAIL", "PREEMPTED"})
+_NOT_STARTED: Final = frozenset({State.GATED, State.HELD, State.PENDING})
+_WAITING_FOR_RESOURCES: Final = frozenset({
+    "", "None", "Priority", "Resources", "ReqNodeNotAvail", "Reservation", "Licenses", "NodeDown",
+    "PartitionDown", "PartitionInactive", "Constraints", "JobArrayTaskLimit",
+})
+
+
+# --------------------------------------------------------------------------------------
+# Capabilities and versions
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What Preflight found on one cluster (SPEC §4.4; slurm-reference §4.8).
+
+    ``reader`` is how live reads are done (``"text"``: see the module docstring);
+    ``data_parser`` names the JSON serialiser this version's CLIs print by default, for
+    the record. ``accounting_history`` is true when sacct answered; ``job_comment`` when
+    ``AccountingStoreFlags`` keeps the comment, so a finished job's submission and
+    attempt are known. ``None`` means the cluster did not say.
+    """
+
+    slurm_version: str
+    reader: str = "text"
+    data_parser: str | None = None
+    accounting_history: bool = False
+    job_comment: bool = False
+    min_job_age: int | None = None
+    max_job_id: int | None = None
+    first_job_id: int | None = None
+    job_requeue: bool | None = None
+    max_batch_requeue: int | None = None
+    whoami: bool = False
+    output_dir_writable: bool = False
+    cluster_name: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        return parse_slurm_version(self.slurm_version)
+
+
+def parse_slurm_version(text: str) -> tuple[int, int, int]:
+    """``(22, 5, 8)`` from ``22.05.8``, ``slurm 25.11.0`` or ``slurm-wlm 22.05.8``."""
+    match = _VERSION.search(text.strip())
+    if match is None:
+        raise ProtocolError(f"not a Slurm version: {text.strip()!r:.80}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def reader_for(version: tuple[int, int, int]) -> str:
+    """The live reader for a Slurm version: text on every supported version (module
+    docstring: the cheapest correct read on 22.05 .. 26.05)."""
+    return "text"
+
+
+_DATA_PARSERS: Final = (
+    ((26, 5), "data_parser/v0.0.45"), ((25, 11), "data_parser/v0.0.44"),
+    ((25, 5), "data_parser/v0.0.43"), ((24, 11), "data_parser/v0.0.42"),
+    ((24, 5), "data_parser/v0.0.41"), ((23, 11), "data_parser/v0.0.40"),
+    ((23, 2), "data_parser/v0.0.39"),
+)
+
+
+def default_data_parser(version: tuple[int, int, int]) -> str | None:
+    """The JSON serialiser the CLIs of ``version`` print by default (slurm-reference §2.1)."""
+    for since, name in _DATA_PARSERS:
+        if version[:2] >= since:
+            return name
+    if version[:2] == (22, 5):
+        return "openapi/v0.0.38" if version[2] >= 3 else "openapi/v0.0.37"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Error mapping: the one place that reads Slurm's messages
+
+
+class _Kind(enum.Enum):
+    TRANSIENT = "transient"
+    NOT_FOUND = "not-found"
+    CONFLICT = "conflict"
+    UNSUPPORTED = "unsupported"
+    INVALID = "invalid"
+
+
+# First match wins; transient first, because "Batch job submission failed: Unable to
+# contact slurm controller" is about reaching Slurm, not about the request.
+_FAILURES: Final[tuple[tuple[re.Pattern[str], _Kind], ...]] = tuple(
+    (re.compile(pattern), kind) for pattern, kind in (
+        (r"Unable to contact slurm controller", _Kind.TRANSIENT),
+        (r"Socket timed out", _Kind.TRANSIENT),
+        (r"backup controller in standby mode", _Kind.TRANSIENT),
+        (r"Unable to create job record, try again", _Kind.TRANSIENT),
+        (r"temporarily unable to accept job", _Kind.TRANSIENT),
+        (r"can not be altered now, try again later", _Kind.TRANSIENT),
+        (r"Slurm job queue full", _Kind.TRANSIENT),
+        (r"Job creation temporarily disabled", _Kind.TRANSIENT),
+        (r"Resource temporarily unavailable", _Kind.TRANSIENT),
+        (r"Zero Bytes were transmitted or received", _Kind.TRANSIENT),
+        (r"Communication connection failure", _Kind.TRANSIENT),
+        (r"Problem talking to the database", _Kind.TRANSIENT),
+        (r"Connection refused", _Kind.TRANSIENT),
+        (r"Transport endpoint is not connected", _Kind.TRANSIENT),
+        (r"Unexpected message received", _Kind.TRANSIENT),  # scontrol, slurmctld down
+        (r"Invalid job id specified", _Kind.NOT_FOUND),
+        (r"Job is no longer pending execution", _Kind.CONFLICT),
+        (r"Job is pending execution", _Kind.CONFLICT),
+        (r"Job/step already completing or completed", _Kind.CONFLICT),
+        (r"Requested operation is presently disabled", _Kind.UNSUPPORTED),
+        (r"Requested operation not supported on this system", _Kind.UNSUPPORTED),
+        (r"Only batch jobs are accepted or processed", _Kind.UNSUPPORTED),
+        (r"accounting storage is disabled", _Kind.UNSUPPORTED),
+        (r"Batch job submission failed: (Invalid|Requested|Node count|CPU count|Memory"
+         r"|Time limit|Pathname|Job violates|More processors)", _Kind.INVALID),
+        (r"breached requested QOS usage threshold", _Kind.INVALID),
+        (r"sbatch: error: ([Ii]nvalid|Memory specification can not be satisfied"
+         r"|Unable to allocate)", _Kind.INVALID),
+    )
+)
+
+
+def slurm_failure(result: CommandResult, *, operation: str) -> DispatchError:
+    """The error a failed Slurm command means (slurm-reference §4.7), for ``raise``.
+
+    Unreachable slurmctld or slurmdbd, and a missing command on the host, are transient;
+    an unrecognised failure is ``CommandFailed`` carrying the command's stderr.
+    """
+    text = (result.stderr + "\n" + result.stdout).strip()
+    detail = " ".join(text.split())[:500] or f"exit status {result.returncode}"
+    message = f"{operation}: {detail}"
+    if result.returncode in (126, 127):
+        return TransientError(f"{operation}: command not usable on the Slurm host: {detail}",
+                              retry_after=60.0)
+    for pattern, kind in _FAILURES:
+        if pattern.search(text):
+            match kind:
+                case _Kind.TRANSIENT:
+                    return TransientError(message)
+                case _Kind.NOT_FOUND:
+                    return ErrNotFound(message)
+                case _Kind.CONFLICT:
+                    return ErrConflict(message)
+                case _Kind.UNSUPPORTED:
+                    return ErrUnsupported(message)
+                case _Kind.INVALID:
+                    return ErrInvalid(message)
+    return CommandFailed(message, argv=result.argv, returncode=result.returncode,
+                         stderr=result.stderr)
+
+
+# --------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def utc_text(epoch: int | float) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` in UTC: the form Slurm's clients parse under ``TZ=UTC``."""
+    return datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def parse_parsable(stdout: str) -> int | None:
+    """The job id of ``sbatch --parsable`` output (``<id>[;<cluster>]``), or None."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    match = _PARSABLE.fullmatch(lines[-1])
+    return int(match.group(1)) if match else None
+
+
+def our_rows(text: str, *, names: Collection[str] | None = None) -> list[str]:
+    """The lines of squeue/sacct text that start ``<id>|dj-<ULID>|`` (and, when ``names``
+    is given, carry one of those names); every other line is not ours and is skipped."""
+    rows: list[str] = []
+    for line in text.splitlines():
+        match = _OUR_ROW.match(line)
+        if match is None or naming.job_id_of_name(match.group(2)) is None:
+            continue
+        if names is not None and match.group(2) not in names:
+            continue
+        rows.append(line)
+    return rows
+
+
+def pick_record(ref: ObjectRef, records: Sequence[SlurmJob], *, user: str,
+                before: int | None = None) -> SlurmJob | None:
+    """The accounting record that is ``ref``'s object now, or None (module docstring).
+
+    ``records`` are sacct rows of ``ref.id`` in any order. The chain starts at the record
+    with ``ref``'s name, our user and exactly ``ref.submit``; a later record continues it
+    only when the one before was requeued by Slurm and the comments (when both are known)
+    name the same submission. ``before``, when given, is the submit time of a live job
+    that holds the id now and is not ours: nothing from then on belongs to ``ref``.
+    """
+    candidates = sorted(
+        (rec for rec in records
+         if rec.job_id == ref.id and rec.name == ref.uid and rec.user == user
+         and rec.submit_time is not None and rec.submit_time >= ref.submit
+         and (before is None or rec.submit_time < before)),
+        key=lambda rec: rec.submit_time or 0)
+    if not candidates or candidates[0].submit_time != ref.submit:
+        return None
+    chain = [candidates[0]]
+    submission = naming.parse_comment(candidates[0].comment)
+    for rec in candidates[1:]:
+        previous = chain[-1]
+        previous_state = previous.base_state or (previous.flags[0] if previous.flags else "")
+        if previous_state not in _REQUEUE_RECORD_STATES:
+            break
+        parsed = naming.parse_comment(rec.comment)
+        if parsed is not None and submission is not None and parsed[0] != submission[0]:
+            break
+        if submission is None:
+            submission = parsed
+        chain.append(rec)
+    return chain[-1]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def _config_value(config: dict[str, str], key: str) -> str | None:
+    value = config.get(key)
+    if value is None or value in ("(null)", "N/A", ""):
+        return None
+    return value
+
+
+def _config_int(config: dict[str, str], key: str) -> int | None:
+    value = _config_value(config, key)
+    if value is None:
+        return None
+    match = re.match(r"([0-9]+)", value)
+    return int(match.group(1)) if match else None
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``Key = Value`` lines of ``scontrol show config``."""
+    config: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            config[key.strip()] = value.strip()
+    return config
+
+
+# --------------------------------------------------------------------------------------
+# Start batches: several Start scripts in one shell, each in its own subshell
+
+_MARK = "@@dispatch-start"
+_READBACK = "@@dispatch-readback"
+_MARK_LINE = re.compile(rf"{_MARK} ([0-9]+) ([0-9]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    text: str
+    future: asyncio.Future[_Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One Start script's part of a shared runner call: its own exit status, stdout and
+    stderr, and what the read-back found; or ``error`` when the call as a whole failed
+    (its outcome is unknown)."""
+
+    result: CommandResult
+    readback: dict[int, SlurmJob]
+    error: TransientError | None = None
+
+    @staticmethod
+    def unknown(error: TransientError) -> _Outcome:
+        return _Outcome(CommandResult(("/bin/sh", "-s"), -1, "", "", 0.0), {}, error)
+
+
+def batch_script(scripts: Sequence[str]) -> str:
+    """One sh script that runs each Start script unchanged as a function in its own
+    subshell, one after another, then reads every new job back with one squeue.
+
+    Protocol (stdout): per script ``@@dispatch-start <i> <exit status>`` and its stdout
+    (sbatch's ``<id>[;cluster]``); then ``@@dispatch-readback`` and the squeue rows.
+    stderr carries ``@@dispatch-start <i>`` before each script's own messages.
+    """
+    parts = ["# dispatch Start batch: each submission's own script, in its own subshell\n"]
+    for index, text in enumerate(scripts, start=1):
+        parts.append(f"dispatch_start_{index}() {{\n{text}}}\n")
+    parts.append("ids=\n")
+    for index in range(1, len(scripts) + 1):
+        parts.append(
+            f"printf '{_MARK} {index}\\n' >&2\n"
+            f"o=$(dispatch_start_{index}); rc=$?\n"
+            f"printf '{_MARK} {index} %s\\n%s\\n' \"$rc\" \"$o\"\n"
+            'if [ "$rc" -eq 0 ]; then id=${o%%;*}; case $id in'
+            " ''|*[!0-9]*) ;; *) ids=$ids,$id ;; esac; fi\n")
+    parts.append(
+        'if [ -n "$ids" ]; then\n'
+        f" printf '{_READBACK}\\n'; printf '{_READBACK}\\n' >&2\n"
+        ' squeue -h --me -j "${ids#,}" --states=all -O '
+        f"{shlex.quote(dialects.SQUEUE_TEXT_FORMAT)} || true\n"
+        "fi\n")
+    return "".join(parts)
+
+
+def parse_batch_output(result: CommandResult, count: int, *,
+                       user: str) -> list[_Outcome]:
+    """Each script's outcome from a ``batch_script`` run; a script with no section of its
+    own (the shell died, the connection dropped) has an unknown outcome."""
+    stdout: dict[int, tuple[int, list[str]]] = {}
+    rows: list[str] = []
+    current: list[str] | None = None
+    for line in result.stdout.split("\n"):
+        match = _MARK_LINE.fullmatch(line)
+        if match is not None:
+            current = []
+            stdout[int(match.group(1))] = (int(match.group(2)), current)
+        elif line == _READBACK:
+            current = rows
+        elif current is not None:
+            current.append(line)
+    stderr: dict[int, list[str]] = {}
+    err_current: list[str] | None = None
+    for line in result.stderr.split("\n"):
+        if line.startswith(_MARK + " ") and line[len(_MARK) + 1:].isdigit():
+            err_current = stderr.setdefault(int(line[len(_MARK) + 1:]), [])
+        elif line == _READBACK:
+            err_current = None
+        elif err_current is not None:
+            err_current.append(line)
+    readback: dict[int, SlurmJob] = {}
+    for line in our_rows("\n".join(rows)):
+        try:
+            jobs = dialects.parse_squeue_text(line + "\n")
+        except ProtocolError:
+            continue  # Start reads that job again on its own, and reports the error
+        readback.update((job.job_id, job) for job in jobs if job.user == user)
+    outcomes: list[_Outcome] = []
+    for index in range(1, count + 1):
+        if index not in stdout:
+            outcomes.append(_Outcome.unknown(TransientError(
+                f"the Start batch stopped before submission {index} reported "
+                f"(exit status {result.returncode}: "
+                f"{' '.join(result.stderr.split())[-300:]}); its outcome is unknown")))
+            continue
+        returncode, lines = stdout[index]
+        text = "\n".join(lines[:-1] if lines and lines[-1] == "" else lines)
+        outcomes.append(_Outcome(
+            CommandResult(result.argv, returncode, text + "\n" if text else "",
+                          "\n".join(stderr.get(index, [])), result.duration_s),
+            readback))
+    return outcomes
+
+
+# --------------------------------------------------------------------------------------
+# The adapter
+
+
+class SlurmAdapter:
+    """One Slurm cluster, reached through ``runner``, acting as Slurm user ``user``.
+
+    ``cluster`` is ``ObjectRef.cluster`` of every object; a ref of another cluster is never
+    found and never acted on. ``capabilities`` (from ``preflight``) is optional: without it
+    the adapter asks sacct and maps its answer. Every command is bounded by
+    ``command_timeout`` seconds. ``sleep``, ``poll_interval`` (Output's follow) and
+    ``stop_confirm_s`` (how long Stop waits for the job to end) are injectable for tests.
+    Concurrent Starts are coalesced into shared runner calls of at most ``start_batch``
+    scripts, at most ``start_parallel`` calls in flight (see ``start``).
+    """
+
+    def __init__(self, runner: Runner, *, cluster: str, settings: script.StartSettings,
+                 user: str, clock: Callable[[], float] = time.time,
+                 capabilities: Capabilities | None = None, command_timeout: float = 30,
+                 sleep: Sleep = asyncio.sleep, poll_interval: float = 2.0,
+                 stop_confirm_s: float = 10.0, start_batch: int = 32,
+                 start_parallel: int = 2) -> None:
+        if not cluster:
+            raise ErrInvalid("must not be empty", field="cluster")
+        if not user:
+            raise ErrInvalid("must not be empty", field="user")
+        if start_batch < 1 or start_parallel < 1:
+            raise ErrInvalid("must be at least 1", field="start_batch/start_parallel")
+        script.check_output_dir(settings.output_dir)
+        self.cluster = cluster
+        self.user = user
+        self.capabilities = capabilities
+        self._runner = runner
+        self._settings = settings
+        self._clock = clock
+        self._timeout = float(command_timeout)
+        self._sleep = sleep
+        self._poll_interval = poll_interval
+        self._stop_confirm_s = stop_confirm_s
+        self._start_batch = start_batch
+        self._start_parallel = start_parallel
+        self._queued: list[_Queued] = []
+        self._flushing = 0
+        self._kick_scheduled = False
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------ commands
+
+    async def _run(self, argv: Sequence[str]) -> CommandResult:
+        return await self._runner.run(argv, timeout=self._timeout)
+
+    async def _checked_run(self, argv: Sequence[str], operation: str) -> CommandResult:
+        result = await self._run(argv)
+        if not result.ok:
+            raise slurm_failure(result, operation=operation)
+        return result
+
+    def _now(self) -> int:
+        return int(self._clock())
+
+    # ------------------------------------------------------------ live reads
+
+    async def _read_job(self, job_id: int) -> SlurmJob | None:
+        """The job with this id as slurmctld holds it now, when it has a name of ours;
+        None when slurmctld does not know the id or the job there is not named ``dj-…``."""
+        result = await self._run(["squeue", "-h", "-j", str(job_id), "--states=all",
+                                  "-O", dialects.SQUEUE_TEXT_FORMAT])
+        if not result.ok:
+            error = slurm_failure(result, operation=f"squeue -j {job_id}")
+            if isinstance(error, ErrNotFound):
+                return None
+            raise error
+        for line in our_rows(result.stdout):
+            for job in dialects.parse_squeue_text(line + "\n"):
+                if job.job_id == job_id:
+                    return job
+        return None
+
+    async def _read_mine(self, *, names: Collection[str],
+                         name_filter: str | None = None) -> list[SlurmJob]:
+        """Every job of ours in slurmctld's memory, any state, whose name is in ``names``
+        (one squeue call; ``name_filter`` narrows it server-side to one name)."""
+        argv = ["squeue", "-h", "--me", "--states=all"]
+        if name_filter is not None:
+            argv.append(f"--name={name_filter}")
+        argv += ["-O", dialects.SQUEUE_TEXT_FORMAT]
+        result = await self._checked_run(argv, "squeue --me")
+        jobs: list[SlurmJob] = []
+        for line in our_rows(result.stdout, names=names):
+            jobs.extend(job for job in dialects.parse_squeue_text(line + "\n")
+                        if job.user == self.user)
+        return jobs
+
+    def _same_object(self, ref: ObjectRef, job: SlurmJob) -> bool:
+        """SPEC §2's identity check, plus: the job is our user's."""
+        if ref.cluster != self.cluster or job.job_id != ref.id or job.name != ref.uid:
+            return False
+        if job.user != self.user or job.submit_time is None:
+            return False
+        if job.submit_time == ref.submit:
+            return True
+        return (job.restart_count or 0) > 0 and job.submit_time >= ref.submit
+
+    async def _identified(self, ref: ObjectRef, operation: str) -> SlurmJob:
+        """The live job that is ``ref``'s object and ours to write, or ErrNotFound."""
+        job = None if ref.cluster != self.cluster else await self._read_job(ref.id)
+        if job is None or not self._same_object(ref, job):
+            raise ErrNotFound(f"{operation}: no job {ref.id} named {ref.uid} submitted at "
+                              f"{ref.submit} on cluster {ref.cluster}; nothing was done")
+        if naming.parse_comment(job.comment) is None:
+            raise ErrNotFound(f"{operation}: job {ref.id} ({ref.uid}) has a comment that is "
+                              f"not ours ({job.comment!r:.80}): foreign, never written")
+        return job
+
+    def _observe(self, job: SlurmJob, source: Source = Source.LIVE) -> ObjectObs:
+        return classify(job, source=source, cluster=self.cluster, now=self._now())
+
+    def _ref(self, job: SlurmJob) -> ObjectRef:
+        if job.submit_time is None:
+            raise ProtocolError(f"job {job.job_id} has no submit time")
+        return ObjectRef(cluster=self.cluster, uid=job.name, id=job.job_id,
+                         submit=job.submit_time)
+
+    # ------------------------------------------------------------ accounting reads
+
+    def _accounting_known_off(self) -> bool:
+        return self.capabilities is not None and not self.capabilities.accounting_history
+
+    async def _sacct(self, selection: Sequence[str], *, since: int) -> list[SlurmJob]:
+        """sacct text records (allocations, every record of a reused id) of our rows."""
+        start = min(since, self._now())
+        result = await self._checked_run(
+            ["sacct", "-X", "-D", "-P", "-n", "-o", dialects.SACCT_TEXT_FIELDS,
+             "-S", utc_text(start), *selection], "sacct")
+        jobs: list[SlurmJob] = []
+        for line in our_rows(result.stdout):
+            jobs.extend(job for job in dialects.parse_sacct_text(line + "\n")
+                        if job.user == self.user)
+        return jobs
+
+    # ------------------------------------------------------------ Start
+
+    async def start(self, request: StartRequest) -> ObjectRef:
+        """Submit one Slurm job for ``request`` and return its ref (SPEC §3).
+
+        Refusals (ErrInvalid/ErrUnsupported) happen before anything runs. When the outcome
+        is ambiguous (transport failure, timeout, a transient Slurm error) the job is
+        rediscovered by name and submission number, never submitted again; if it cannot
+        be found, TransientError: the caller keeps its intent.
+
+        The Start script runs unchanged, as a shell function in its own subshell, and the
+        same runner call reads the new job back (``squeue --me -j <ids>``): one round trip
+        per Start instead of two. Starts that are issued together (``asyncio.gather``, a
+        reconcile tick) share that call: ``start_batch`` scripts run one after another in
+        one shell, each with its own exit status, stdout and stderr, and one squeue reads
+        them all back. That is what makes Start about as fast as a bare ``sbatch`` loop
+        locally and many times faster than one SSH connection per job.
+        """
+        text = script.render_start_script(request, self._settings)
+        name = naming.discovery_name(request.job_id)
+        began = self._now()
+        outcome = await self._submit(text)
+        if outcome.error is not None:
+            return await self._rediscover(request, name, began=began, cause=outcome.error)
+        result = outcome.result
+        if not result.ok:
+            error = slurm_failure(result, operation="sbatch")
+            if isinstance(error, TransientError):
+                return await self._rediscover(request, name, began=began, cause=error)
+            raise error
+        job_id = parse_parsable(result.stdout)
+        if job_id is None:
+            return await self._rediscover(request, name, began=began, cause=ProtocolError(
+                f"sbatch printed no job id: {result.stdout.strip()!r:.200}"))
+        job = outcome.readback.get(job_id)
+        if job is None:
+            try:
+                job = await self._read_job(job_id)
+            except TransientError as exc:
+                return await self._rediscover(request, name, began=began, cause=exc)
+        if job is None or not self._is_submission(job, name, request.submission):
+            raise ProtocolError(
+                f"sbatch reported job {job_id} for {name} submission {request.submission}, "
+                f"but job {job_id} reads back as "
+                + ("unknown" if job is None else
+                   f"{job.name!r} of {job.user!r} with comment {job.comment!r:.80}"))
+        if naming.parse_comment(job.comment) != (request.submission, request.attempt):
+            raise ProtocolError(f"job {job_id} reads back with comment {job.comment!r:.80}, "
+                                f"not submission {request.submission} attempt "
+                                f"{request.attempt}")
+        ref = self._ref(job)
+        log.info("slurm job submitted", extra={"job": request.job_id, "slurm_id": ref.id,
+                                               "submission": request.submission})
+        return ref
+
+    # ------------------------------------------------------------ Start batching
+
+    async def _submit(self, text: str) -> _Outcome:
+        """Run one Start script in the next shared runner call; its own outcome."""
+        future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
+        self._queued.append(_Queued(text, future))
+        self._schedule_kick()
+        return await future
+
+    def _schedule_kick(self) -> None:
+        # On the next loop iteration, so every Start issued in this one joins the batch.
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            asyncio.get_running_loop().call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_scheduled = False
+        self._queued = [item for item in self._queued if not item.future.done()]
+        while self._queued and self._flushing < self._start_parallel:
+            free = self._start_parallel - self._flushing
+            size = min(self._start_batch, -(-len(self._queued) // free))
+            batch, self._queued = self._queued[:size], self._queued[size:]
+            self._flushing += 1
+            task = asyncio.get_running_loop().create_task(self._flush(batch))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self, batch: list[_Queued]) -> None:
+        try:
+            text = batch_script([item.text for item in batch])
+            timeout = self._timeout + 2.0 * (len(batch) - 1)
+            try:
+                result = await self._runner.run_script(text, timeout=timeout)
+            except TransientError as exc:
+                outcomes = [_Outcome.unknown(exc)] * len(batch)
+            else:
+                outcomes = parse_batch_output(result, len(batch), user=self.user)
+            for item, outcome in zip(batch, outcomes, strict=True):
+                if not item.future.done():
+                    item.future.set_result(outcome)
+        except asyncio.CancelledError:
+            for item in batch:  # the script may have run: unknown, so each rediscovers
+                if not item.future.done():
+                    item.future.set_result(_Outcome.unknown(TransientError(
+                        "the Start batch was cancelled; its outcome is unknown")))
+            raise
+        except Exception as exc:  # e.g. HostKeyError: each Start raises it
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+        finally:
+            self._flushing -= 1
+            if self._queued:
+                self._schedule_kick()
+
+    def _is_submission(self, job: SlurmJob, name: str, submission: int) -> bool:
+        parsed = naming.parse_comment(job.comment)
+        return (job.name == name and job.user == self.user and parsed is not None
+                and parsed[0] == submission)
+
+    async def _rediscover(self, request: StartRequest, name: str, *, began: int,
+                          cause: DispatchError) -> ObjectRef:
+        """After an ambiguous Start: the job of this submission, found by name, or
+        TransientError (ProtocolError when sbatch's own answer was unreadable)."""
+        log.warning("start outcome unknown; rediscovering by name",
+                    extra={"job": request.job_id, "submission": request.submission,
+                           "error": str(cause)})
+        problems: list[str] = []
+        try:
+            live = [job for job in await self._read_mine(names={name}, name_filter=name)
+                    if self._is_submission(job, name, request.submission)]
+            if live:
+                return self._ref(min(live, key=lambda j: (j.submit_time or 0, j.job_id)))
+        except TransientError as exc:
+            problems.append(f"squeue: {exc}")
+        if not self._accounting_known_off():
+            try:
+                records = [job for job in await self._sacct(
+                    [f"--name={name}"], since=began - REDISCOVERY_WINDOW_S)
+                    if self._is_submission(job, name, request.submission)]
+                if records:
+                    return self._ref(min(records,
+                                         key=lambda j: (j.submit_time or 0, j.job_id)))
+            except DispatchError as exc:
+                problems.append(f"sacct: {exc}")
+        message = (f"start of {name} submission {request.submission}: outcome unknown "
+                   f"({cause}); no such job found" + (f" ({'; '.join(problems)})"
+                                                      if problems else ""))
+        if isinstance(cause, ProtocolError) and not problems:
+            raise ProtocolError(message) from cause
+        raise TransientError(message) from cause
+
+    # ------------------------------------------------------------ Find, Inspect
+
+    async def find(self, job_id: str) -> list[ObjectObs]:
+        """Every live object of dispatch job ``job_id`` (one squeue call)."""
+        return (await self.find_many([job_id]))[job_id]
+
+    async def find_many(self, job_ids: Collection[str]) -> dict[str, list[ObjectObs]]:
+        """Every live object of each dispatch job, with ONE squeue call for all of them.
+
+        Only our user's jobs whose name is exactly ``dj-<ULID>`` of an asked-for id are
+        returned; a job whose comment is not ours is returned with ``foreign=True``.
+        """
+        wanted = {naming.discovery_name(job_id): job_id for job_id in job_ids}
+        found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in job_ids}
+        if not wanted:
+            return found
+        for job in await self._read_mine(names=wanted.keys()):
+            found[wanted[job.name]].append(self._observe(job))
+        return found
+
+    async def inspect(self, ref: ObjectRef) -> ObjectObs:
+        """The object ``ref`` names, from squeue, or from sacct once it has left squeue.
+
+        ErrNotFound when neither holds it (or accounting is off and squeue does not).
+        A sacct record that is still pending or running is refused (ProtocolError).
+        """
+        if ref.cluster != self.cluster:
+            raise ErrNotFound(f"inspect: ref of cluster {ref.cluster}, not {self.cluster}")
+        job = await self._read_job(ref.id)
+        before = None
+        if job is not None:
+            if self._same_object(ref, job):
+                return self._observe(job)
+            if job.submit_time is not None and job.submit_time > ref.submit:
+                before = job.submit_time  # the id was reused: later records are not ours
+        if self._accounting_known_off():
+            raise ErrNotFound(f"inspect: job {ref.id} ({ref.uid}) is not in squeue and "
+                              "accounting is off")
+        try:
+            records = await self._sacct(["-j", str(ref.id)], since=ref.submit)
+        except ErrUnsupported as exc:
+            raise ErrNotFound(f"inspect: job {ref.id} ({ref.uid}) is not in squeue and "
+                              f"accounting is unavailable: {exc}") from exc
+        record = pick_record(ref, records, user=self.user, before=before)
+        if record is None:
+            raise ErrNotFound(f"inspect: no job {ref.id} named {ref.uid} submitted at "
+                              f"{ref.submit} in squeue or sacct")
+        return self._observe(record, Source.ACCOUNTING)
+
+    async def inspect_many(self, refs: Sequence[ObjectRef], *,
+                           since: int) -> dict[ObjectRef, ObjectObs]:
+        """Accounting observations of objects that left squeue: ONE sacct call (per
+        ~100 KB of ids). Refs with no record of their own (or a record sacct cannot
+        classify yet) are left out. ErrUnsupported without accounting."""
+        if self._accounting_known_off():
+            raise ErrUnsupported("inspect_many: this cluster has no accounting history")
+        ours = [ref for ref in refs if ref.cluster == self.cluster]
+        ids = sorted({ref.id for ref in ours})
+        if not ids:
+            return {}
+        records: dict[int, list[SlurmJob]] = {}
+        chunk: list[str] = []
+        size = 0
+        chunks: list[list[str]] = []
+        for job_id in map(str, ids):
+            if chunk and size + len(job_id) + 1 > SACCT_ARG_LIMIT:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(job_id)
+            size += len(job_id) + 1
+        chunks.append(chunk)
+        for part in chunks:
+            for row in await self._sacct(["-j", ",".join(part)], since=since):
+                records.setdefault(row.job_id, []).append(row)
+        observed: dict[ObjectRef, ObjectObs] = {}
+        for ref in ours:
+            record = pick_record(ref, records.get(ref.id, ()), user=self.user)
+            if record is None:
+                continue
+            try:
+                observed[ref] = self._observe(record, Source.ACCOUNTING)
+            except ProtocolError as exc:
+                log.info("accounting record not classifiable yet",
+                         extra={"slurm_id": ref.id, "uid": ref.uid, "error": str(exc)})
+        return observed
+
+    # ------------------------------------------------------------ writes
+
+    async def stop(self, ref: ObjectRef) -> None:
+        """Cancel ``ref``'s object by name AND id, then confirm it ended (~10 s).
+
+        When the identity check fails (gone, id reused, not ours) nothing is cancelled and
+        Stop succeeds. TransientError when the job is still running after the wait.
+        """
+        try:
+            job = await self._identified(ref, "stop")
+        except ErrNotFound:
+            log.info("stop: nothing to cancel", extra={"slurm_id": ref.id, "uid": ref.uid})
+            return
+        if self._observe(job).state is State.ENDED:
+            return
+        await self._checked_run(["scancel", f"--name={ref.uid}", str(ref.id)], "scancel")
+        deadline = self._clock() + self._stop_confirm_s
+        delay = 0.2
+        while True:
+            job_now = await self._read_job(ref.id)
+            if job_now is None or not self._same_object(ref, job_now) or _ending(
+                    self._observe(job_now), job_now):
+                return
+            if self._clock() >= deadline:
+                raise TransientError(f"stop: job {ref.id} ({ref.uid}) is still "
+                                     f"{job_now.state_text} {self._stop_confirm_s:g}s after "
+                                     "scancel", retry_after=self._stop_confirm_s)
+            await self._sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def hold(self, ref: ObjectRef, instance: int) -> None:
+        """Hold a pending object with ``instance`` as a far-future start time (SPEC §5).
+
+        ErrNotFound when the identity check fails; ErrConflict when the job is not
+        pending, or when the hold does not read back as ``instance``.
+        """
+        holds.encode_hold(1, instance)  # refuses a bad instance before anything runs
+        job = await self._identified(ref, "hold")
+        obs = self._observe(job)
+        if obs.state not in _NOT_STARTED:
+            raise ErrConflict(f"hold: job {ref.id} is {obs.state} ({job.state_text}); only "
+                              "a pending job can be held")
+        if job.submit_time is None:
+            raise ProtocolError(f"hold: job {ref.id} has no submit time")
+        begin = holds.encode_hold(job.submit_time, instance)
+        await self._checked_run(["scontrol", "update", f"JobId={ref.id}",
+                                 f"StartTime={utc_text(begin)}"], "scontrol update StartTime")
+        after = await self._identified(ref, "hold")
+        got = self._observe(after).hold_instance
+        if got != instance:
+            raise ErrConflict(
+                f"hold: job {ref.id} reads back with hold instance {got} (begin "
+                f"{after.eligible_time}, submit {after.submit_time}), not {instance}: the job "
+                "changed under the hold (requeued or started); re-observe")
+
+    async def release(self, ref: ObjectRef) -> None:
+        """Open the gate (``scontrol release``) and/or lift a dispatch hold
+        (``StartTime=now``). Idempotent; ErrNotFound when the identity check fails."""
+        job = await self._identified(ref, "release")
+        obs = self._observe(job)
+        if obs.state not in _NOT_STARTED:
+            return
+        if obs.hold_instance is not None:
+            result = await self._run(["scontrol", "update", f"JobId={ref.id}",
+                                      "StartTime=now"])
+            if not result.ok:
+                error = slurm_failure(result, operation="scontrol update StartTime=now")
+                if isinstance(error, ErrConflict):
+                    return  # it started meanwhile: released
+                raise error
+        if job.reason == "JobHeldUser" and (job.restart_count or 0) == 0:
+            await self._checked_run(["scontrol", "release", str(ref.id)], "scontrol release")
+
+    async def requeue(self, ref: ObjectRef) -> None:
+        """``scontrol requeue`` of ``ref``'s object. ErrConflict when it is pending;
+        ErrUnsupported when requeue is disabled for it (``--no-requeue``)."""
+        await self._identified(ref, "requeue")
+        await self._checked_run(["scontrol", "requeue", str(ref.id)], "scontrol requeue")
+
+    # ------------------------------------------------------------ Output
+
+    async def output(self, ref: ObjectRef, stream: Stream, *, follow: bool = False,
+                     submission: int) -> AsyncIterator[bytes]:
+        """The bytes of one stream of ``ref``'s executions, in restart order (SPEC §3.4).
+
+        Reads the manifest ``D/s<N>.manifest``, lists the execution files of ``ref.id``
+        under its prefix and suffix (r10 after r9) and yields their contents. With
+        ``follow`` it polls every ``poll_interval`` seconds for new bytes and new
+        executions until the job has ended (then reads once more and stops).
+        """
+        if stream not in ("stdout", "stderr"):
+            raise ErrInvalid("must be stdout or stderr", field="stream")
+        job_id = naming.job_id_of_name(ref.uid)
+        if job_id is None:
+            raise ErrInvalid(f"not a discovery name: {ref.uid!r:.60}", field="ref.uid")
+        manifest = script.manifest_path(self._settings, job_id, submission)
+        stdout_files, stderr_files = script.parse_manifest(await self._cat(manifest))
+        files = stdout_files if stream == "stdout" else stderr_files
+        directory, prefix = files.locate(posixpath.dirname(manifest))
+        offsets: dict[str, int] = {}
+        while True:
+            ended = await self._output_finished(ref) if follow else True
+            more = True
+            while more:
+                chunks, more = await self._read_new(directory, prefix, files.suffix,
+                                                    ref.id, offsets)
+                for chunk in chunks:
+                    yield chunk
+            if ended:
+                return
+            await self._sleep(self._poll_interval)
+
+    async def _cat(self, path: str) -> str:
+        result = await self._runner.run_script(
+            f"exec cat -- {script.shell_path(path)}\n", timeout=self._timeout)
+        if not result.ok:
+            if "No such file" in result.stderr:
+                raise ErrNotFound(f"output: no manifest {path}")
+            raise slurm_failure(result, operation=f"cat {path}")
+        return result.stdout
+
+    async def _output_finished(self, ref: ObjectRef) -> bool:
+        try:
+            return (await self.inspect(ref)).state is State.ENDED
+        except ErrNotFound:
+            return True
+        except ProtocolError:
+            return False  # sacct says it is still pending/running
+
+    async def _read_new(self, directory: str, prefix: str, suffix: str, slurm_id: int,
+                        offsets: dict[str, int]) -> tuple[list[bytes], bool]:
+        """New bytes of every execution file of ``slurm_id``, in restart order; and
+        whether a file has more than one chunk still to read."""
+        cases = "".join(f"  {shlex.quote(name)}) off={offset} ;;\n"
+                        for name, offset in sorted(offsets.items()))
+        pattern = shlex.quote(prefix) + "*" + (shlex.quote(suffix) if suffix else "")
+        text = (
+            f"cd -- {script.shell_path(directory)} 2>/dev/null || exit 0\n"
+            f"for f in {pattern}; do\n"
+            ' [ -f "$f" ] || continue\n'
+            ' case $f in *"\n"*) continue ;; esac\n'
+            " off=0\n"
+            + (f" case $f in\n{cases} esac\n" if cases else "")
+            + ' size=$(wc -c <"$f") || continue\n'
+            " n=$((size - off))\n"
+            f" [ \"$n\" -gt {OUTPUT_CHUNK} ] && n={OUTPUT_CHUNK}\n"
+            ' [ "$n" -lt 0 ] && n=0\n'
+            " printf '%s %s %s\\n' \"$off\" \"$n\" \"$f\"\n"
+            ' if [ "$n" -gt 0 ]; then tail -c +$((off + 1)) -- "$f" | head -c "$n" |'
+            " base64 | tr -d '\\n'; fi\n"
+            " printf '\\n'\n"
+            "done\n")
+        result = await self._runner.run_script(text, timeout=self._timeout)
+        if not result.ok:
+            raise slurm_failure(result, operation=f"output of job {slurm_id}")
+        lines = result.stdout.split("\n")
+        data: dict[str, bytes] = {}
+        more = False
+        for header, body in zip(lines[0::2], lines[1::2], strict=False):
+            parts = header.split(" ", 2)
+            if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+                continue
+            off, count, name = int(parts[0]), int(parts[1]), parts[2]
+            parsed = script.parse_execution_file(name, prefix, suffix)
+            if parsed is None or parsed[0] != slurm_id or off != offsets.get(name, 0):
+                continue
+            try:
+                chunk = base64.b64decode(body, validate=True)
+            except ValueError as exc:
+                raise ProtocolError(f"output: unreadable bytes of {name}: {exc}") from exc
+            data[name] = chunk
+            more = more or count >= OUTPUT_CHUNK
+        chunks: list[bytes] = []
+        for name in script.sort_execution_files(data, prefix, suffix):
+            offsets[name] = offsets.get(name, 0) + len(data[name])
+            if data[name]:
+                chunks.append(data[name])
+        return chunks, more
+
+    # ------------------------------------------------------------ paths, stats
+
+    async def missing_paths(self, paths: Sequence[str]) -> list[str]:
+        """The paths that do not exist on the Slurm host (one sh script per ~60 KB)."""
+        missing: list[str] = []
+        start = 0
+        while start < len(paths):
+            lines: list[str] = []
+            size = 0
+            end = start
+            while end < len(paths) and (not lines or size < MISSING_PATHS_SCRIPT_LIMIT):
+                path = paths[end]
+                if not path or "\0" in path:
+                    raise ErrInvalid(f"not a path: {path!r:.60}", field=f"paths[{end}]")
+                word = script.shell_path(path) if path.startswith("~") else shlex.quote(path)
+                line = f"[ -e {word} ] || echo {end - start}"
+                lines.append(line)
+                size += len(line) + 1
+                end += 1
+            result = await self._runner.run_script("\n".join(lines) + "\n",
+                                                   timeout=self._timeout)
+            if not result.ok:
+                raise slurm_failure(result, operation="missing_paths")
+            for token in result.stdout.split():
+                if not token.isdigit() or int(token) >= end - start:
+                    raise ProtocolError(f"missing_paths: unexpected output {token!r:.40}")
+                missing.append(paths[start + int(token)])
+            start = end
+        return missing
+
+    async def cluster_stats(self) -> ClusterStats:
+        """Running and pending jobs of all users, down/drained nodes, and waits: one
+        squeue over every user's pending and running jobs plus one sinfo."""
+        queue, nodes = await asyncio.gather(
+            self._checked_run(["squeue", "-h", "-a", "--states=PENDING,RUNNING",
+                               "-O", "JobID:|,StateCompact:|,SubmitTime:|,StartTime:|,"
+                               "Reason:|"], "squeue (cluster stats)"),
+            self._checked_run(["sinfo", "-h", "-N", "-o", "%N|%T"], "sinfo"))
+        now = self._now()
+        running = pending = 0
+        estimates: list[float] = []
+        recent: list[float] = []
+        for line in queue.stdout.splitlines():
+            fields = line.split("|", 4)
+            if len(fields) != 5:
+                continue
+            _, compact, submit_text, start_text, reason = fields
+            reason = re.split(r"[,:(]", reason.rstrip("|"), maxsplit=1)[0].strip()
+            try:
+                submit = dialects.parse_text_time(submit_text)
+                start = dialects.parse_text_time(start_text)
+            except ProtocolError:
+                continue
+            if compact == "PD":
+                pending += 1
+                if reason in _WAITING_FOR_RESOURCES and start is not None:
+                    estimates.append(float(max(0, start - now)))
+            elif compact == "R":
+                running += 1
+                if (start is not None and submit is not None
+                        and now - RECENT_START_WINDOW_S <= start <= now):
+                    recent.append(float(max(0, start - submit)))
+        down: set[str] = set()
+        for line in nodes.stdout.splitlines():
+            name, _, state = line.partition("|")
+            base = state.strip().lower().rstrip("*~#!%$@^-+")
+            if name and (state.strip().endswith("*")
+                         or base.startswith(("down", "drain", "fail", "no_respond"))):
+                down.add(name.strip())
+        return ClusterStats(
+            running=running, pending=pending, down_nodes=frozenset(down),
+            estimated_wait_s=_median(estimates), observed_wait_s=_median(recent),
+            extra={"pending_with_estimate": str(len(estimates)),
+                   "recent_starts": str(len(recent))})
+
+    # ------------------------------------------------------------ Preflight
+
+    async def preflight(self) -> Capabilities:
+        """Probe the cluster: version, configuration, accounting, ``squeue --me``, and
+        whether ``output.dir`` is writable. Also becomes ``self.capabilities``."""
+        warnings: list[str] = []
+        out_dir = script.check_output_dir(self._settings.output_dir)
+        probe = (f"D={script.shell_path(out_dir)}\n"
+                 'mkdir -p -- "$D" && P="$D/.dispatch-preflight.$$" && '
+                 "printf 'probe\\n' >\"$P\" && rm -f -- \"$P\"\n")
+        version_res, config_res, whoami_res, dir_res = await asyncio.gather(
+            self._checked_run(["sinfo", "--version"], "sinfo --version"),
+            self._checked_run(["scontrol", "show", "config"], "scontrol show config"),
+            self._run(["squeue", "--me", "-h", "-o", "%i"]),
+            self._runner.run_script(probe, timeout=self._timeout))
+        version = parse_slurm_version(version_res.stdout)
+        slurm_version = f"{version[0]}.{version[1]:02d}.{version[2]}"
+        if not SUPPORTED_MIN <= version[:2] <= SUPPORTED_MAX:
+            warnings.append(f"Slurm {slurm_version} is outside the supported 22.05 .. 26.05")
+        config = parse_show_config(config_res.stdout)
+        storage = _config_value(config, "AccountingStorageType") or ""
+        flags = (_config_value(config, "AccountingStoreFlags") or "").split(",")
+        accounting = False
+        if storage.endswith("slurmdbd"):
+            probe_res = await self._run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw",
+                                         "-S", utc_text(self._now() - 3600)])
+            accounting = probe_res.ok
+            if not accounting:
+                warnings.append("sacct does not answer: jobs that leave squeue cannot be "
+                                f"observed ({' '.join(probe_res.stderr.split())[:200]})")
+        else:
+            warnings.append(f"no accounting ({storage or 'none'}): a job that leaves squeue "
+                            "after MinJobAge cannot be observed")
+        job_comment = "job_comment" in [flag.strip() for flag in flags]
+        if accounting and not job_comment:
+            warnings.append("AccountingStoreFlags lacks job_comment: finished jobs read from "
+                            "sacct have unknown submission and attempt")
+        min_job_age = _config_int(config, "MinJobAge")
+        if min_job_age is not None and min_job_age < 60 and not accounting:
+            warnings.append(f"MinJobAge={min_job_age}s without accounting: ended jobs vanish "
+                            "before a tick may see them")
+        requeue_text = _config_value(config, "JobRequeue")
+        cluster_name = _config_value(config, "ClusterName")
+        if cluster_name is not None and cluster_name != self.cluster:
+            warnings.append(f"the cluster calls itself {cluster_name!r}, configured as "
+                            f"{self.cluster!r}")
+        if not whoami_res.ok:
+            warnings.append("squeue --me fails: "
+                            + " ".join(whoami_res.stderr.split())[:200])
+        if not dir_res.ok:
+            warnings.append(f"output.dir {out_dir} is not writable on the Slurm host: "
+                            + " ".join(dir_res.stderr.split())[:200])
+        capabilities = Capabilities(
+            slurm_version=slurm_version,
+            reader=reader_for(version),
+            data_parser=default_data_parser(version),
+            accounting_history=accounting,
+            job_comment=job_comment,
+            min_job_age=min_job_age,
+            max_job_id=_config_int(config, "MaxJobId"),
+            first_job_id=_config_int(config, "FirstJobId"),
+            job_requeue=None if requeue_text is None else requeue_text.strip() == "1",
+            max_batch_requeue=_config_int(config, "MaxBatchRequeue"),
+            whoami=whoami_res.ok,
+            output_dir_writable=dir_res.ok,
+            cluster_name=cluster_name,
+            warnings=tuple(warnings),
+        )
+        self.capabilities = capabilities
+        return capabilities
+
+
+def _ending(obs: ObjectObs, job: SlurmJob) -> bool:
+    """Ended, or (after our scancel) COMPLETING: the text form prints a cancelled job
+    that is still cleaning up as COMPLETING, hiding its CANCELLED base state."""
+    return obs.state is State.ENDED or "COMPLETING" in job.flags
