@@ -80,6 +80,8 @@ class Metrics:
             self.objects.labels(state=state)
         for label in ("estimate", "observed"):
             self.queue_wait.labels(method=label)
+        for result in ("ok", "slurm-unreachable", "error"):
+            self.ticks.labels(result=result)
 
     def observe_command(self, command: str, duration_s: float, ok: bool) -> None:
         """Runner observer hook: one Slurm command finished."""

@@ -138,7 +138,7 @@ def daemon(tmp: Path, database_url: str, **kw: Any) -> Iterator[DaemonProcess]:
     d = DaemonProcess(cfg, port, tmp / f"daemon-{port}")
     d.start()
     try:
-        wait_for(lambda: "dispatch_ticks_total" in "".join(d.metrics()), timeout=30,
+        wait_for(lambda: "dispatch_leader" in d.metrics(), timeout=30,
                  what="daemon metrics endpoint")
         yield d
     finally:

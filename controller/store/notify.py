@@ -30,13 +30,9 @@ async def listen(url: str, wake: Callable[[], None], *, stop: asyncio.Event,
             async with conn:
                 await conn.execute(f"LISTEN {CHANNEL}")
                 wake()  # anything written while we were not listening
-                gen = conn.notifies()
                 while not stop.is_set():
-                    try:
-                        await asyncio.wait_for(anext(gen), timeout=1.0)
-                    except TimeoutError:
-                        continue
-                    wake()
+                    async for _ in conn.notifies(timeout=1.0):
+                        wake()
         except (psycopg.Error, OSError) as exc:
             log.warning("listen connection failed; retrying", extra={"error": str(exc)})
             with contextlib.suppress(TimeoutError):
