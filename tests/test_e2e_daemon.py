@@ -96,6 +96,8 @@ def test_fifty_jobs_through_the_daemon(cluster: dict[str, str], tmp_path: Path,
         wait_for(lambda: client.get(stopped)["phase"] == "running", timeout=60,
                  what="the job to stop to run")
         client.cancel(stopped)
+        wait_for(lambda: client.get(stopped)["phase"] == "cancelled", timeout=60,
+                 what="the stopped job to be cancelled")
         wait_for(lambda: client.get(lost)["phase"] == "running", timeout=60,
                  what="the node-lost job to run")
         assert client.get(held)["phase"] == "held"
