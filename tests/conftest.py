@@ -74,3 +74,13 @@ def any_store(request: pytest.FixtureRequest) -> Store:
     name = "sqlite_store" if request.param == "sqlite" else "pg_store"
     store: Store = request.getfixturevalue(name)
     return store
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the fault suite's figures (tests/test_fault_*.py) at the end of the run."""
+    from tests.fault_support import format_table, session_rows
+
+    rows = sorted(session_rows(), key=lambda r: r.fault)
+    if rows:
+        terminalreporter.write_sep("=", "fault suite summary")
+        terminalreporter.write_line(format_table(rows))

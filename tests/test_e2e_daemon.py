@@ -245,3 +245,27 @@ def test_sigterm_finishes_and_never_cancels(cluster: dict[str, str], tmp_path: P
     except OSError:
         pass
     assert metrics_port_closed
+
+
+def test_expected_outputs_checked_after_success(cluster: dict[str, str], tmp_path: Path,
+                                                sqlite_url: str) -> None:
+    """A completed job whose expected output is missing ends missing-output, is retried
+    once by the default policy, then fails; one that writes it succeeds."""
+    out = Path("/tmp/dispatch-e2e-outputs")
+    out.mkdir(mode=0o1777, exist_ok=True)
+    out.chmod(0o1777)
+    client = Client(sqlite_url)
+    good_path = out / f"good-{tmp_path.name}.txt"
+    good = client.submit(_doc(_sh(f"echo done > {good_path}")),
+                         policy={"expected_outputs": [str(good_path)],
+                                 "backoff": {"initial_s": 1}})
+    bad = client.submit(_doc(["true"]),
+                        policy={"expected_outputs": [str(out / "never-written.txt")],
+                                "backoff": {"initial_s": 1}})
+    with daemon(tmp_path, sqlite_url):
+        final = _wait_terminal(client, [good, bad], timeout=90)
+    assert final[good]["phase"] == "succeeded"
+    assert (final[bad]["phase"], final[bad]["cause"], final[bad]["attempt"]) == (
+        "failed", "missing-output", 1)
+    records = sacct_records({"dj-" + bad})
+    assert len(records) == 2 and all(r.state == "COMPLETED" for r in records)

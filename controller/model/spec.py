@@ -17,6 +17,11 @@ from controller.errors import ErrInvalid, ErrUnsupported
 
 SHELL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIX = "DISPATCH_"
+# Names the batch script's shell will not set, so a job asking for them could never start:
+# dash (Debian's /bin/sh) exits "Illegal number" for a non-numeric OPTIND, and bash (/bin/sh
+# on other distributions) exits on an assignment to one of its read-only variables.
+SHELL_RESERVED_ENV = frozenset({"OPTIND", "BASHOPTS", "BASH_VERSINFO", "EUID", "PPID",
+                                "SHELLOPTS", "UID"})
 LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
 LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 
@@ -135,6 +140,11 @@ def _text(value: object, path: str, *, allow_empty: bool = True, max_len: int = 
         raise ErrInvalid("must be a string", field=path)
     if "\x00" in value:
         raise ErrInvalid("must not contain NUL", field=path)
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): no script can hold it
+            raise ErrInvalid("must be valid Unicode (no lone surrogates)", field=path) from None
     if not allow_empty and not value:
         raise ErrInvalid("must not be empty", field=path)
     if len(value) > max_len:
@@ -189,6 +199,8 @@ def check_env_name(name: str, path: str) -> None:
         raise ErrInvalid("not a shell identifier", field=path)
     if name.startswith(RESERVED_ENV_PREFIX):
         raise ErrInvalid(f"names starting {RESERVED_ENV_PREFIX} are reserved", field=path)
+    if name in SHELL_RESERVED_ENV:
+        raise ErrInvalid("the batch script's shell cannot set this variable", field=path)
 
 
 # ---------------------------------------------------------------- sections

@@ -13,7 +13,15 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, State
+from controller.model.obs import (
+    Cause,
+    CauseKind,
+    ObjectObs,
+    ObjectRef,
+    Provenance,
+    Source,
+    State,
+)
 from controller.model.spec import JobSpec
 from controller.reconcile.policy import DEFAULT_POLICY, OnExhausted, RecoveryPolicy, decide
 
@@ -369,6 +377,13 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
             "ended" if obs.state == State.ENDED else "submitted", obs))
     b.update(object_state=obs.state, reason=obs.reason,
              nodes=obs.nodes or job.nodes, started_at=obs.start or job.started_at)
+    if obs.state == State.ENDED and obs.cause.kind == CauseKind.UNKNOWN \
+            and obs.source == Source.LIVE:
+        # a state word we do not know, while slurmctld still holds the job: it may well be
+        # running. Never finish (or resubmit) on it; the final record will say.
+        b.condition("Observed", False, "UnknownState",
+                    f"Slurm reports a state we do not know: {obs.cause.detail}")
+        return
     if obs.state == State.ENDED:
         _ended(b, obs)
         return

@@ -11,15 +11,37 @@ Order inside a tick (crash-safe at every line):
    runs gated, its ref is committed, and only then is the gate released;
 6. record what the actions returned.
 A crash between 4 and 6 leaves intents and gated objects that the next tick adopts.
+
+Incremental, still level-triggered (what makes a steady-state tick cheap at 100k jobs):
+
+* **load**: the reconciler keeps the jobs it loaded. Every row of ``jobs`` and
+  ``job_status`` carries a version that a trigger moves on every write, whoever writes
+  (migration 0002), so each tick reads only ``(id, version, status version)`` of the
+  tracked jobs and reloads in full the rows that are new or whose versions moved: client
+  changes, rows inserted by plain SQL, the statuses this controller (or another leader,
+  or an operator) wrote. The first tick, and every tick while the triggers are missing,
+  loads everything;
+* **read**: still one ``squeue`` per tick; the adapter reuses its observation of each
+  byte-identical row (``SlurmAdapter.find_many``);
+* **plan**: a job is not planned again when its last plan was *quiet* -- no action, no
+  submission row, no event, no status write, no accounting read -- and its inputs are
+  the same objects or equal values as then (the loaded row, the live observations, the
+  down nodes and settings) and none of its clock triggers is due (``_recheck_at``).
+  ``plan`` is pure, so planning it again would give the same quiet plan; its status
+  stands. Every job is planned again at least every ``replan_s`` (spread by job id),
+  whatever the analysis says;
+* **store**: quiet plans write nothing; a steady tick runs no per-row statement.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import zlib
 from collections import Counter as CountOf
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.errors import (
@@ -49,6 +71,7 @@ from controller.reconcile.plan import (
     Phase,
     Plan,
     PlanContext,
+    PlannedEvent,
     Release,
     SubmissionUpdate,
     Submit,
@@ -72,12 +95,18 @@ class TickSettings:
     adopt_window_s: int = 180
     sacct_window_s: int = 7 * 24 * 3600
     action_concurrency: int = 8
+    # a job whose inputs did not change is still planned again after replan_s..2*replan_s
+    # (spread by job id): the safety net under the skip analysis (``_recheck_at``)
+    replan_s: int = 600
 
 
 @dataclass(slots=True)
 class TickReport:
     tracked: int = 0
     planned: int = 0
+    skipped: int = 0  # tracked jobs whose unchanged, quiet plan was not made again
+    reloaded: int = 0  # rows read in full this tick (every row on a full load)
+    full_load: bool = False
     actions: CountOf[str] = field(default_factory=CountOf)
     errors: list[str] = field(default_factory=list)
     slurm_ok: bool = True
@@ -97,8 +126,19 @@ class Reconciler:
         self.clock = clock
         self.settings = settings or TickSettings()
         self.cluster_stats: ClusterStats | None = None
-        self._spec_cache: repo.SpecCache = {}
         self.last_success: float | None = None
+        self._memos: dict[str, _Memo] = {}  # tracked job id -> what the last ticks learned
+        self._loaded = False  # _memos holds every tracked job as of the last tick
+        self._epoch = 0  # moves when a plan input shared by every job changes
+        self._epoch_key: tuple[object, ...] | None = None
+        self._warned = False
+
+    def forget(self) -> None:
+        """Drop everything remembered across ticks: the next tick loads every job and
+        plans every job (call it when leadership was lost and taken again)."""
+        self._memos = {}
+        self._loaded = False
+        self._epoch_key = None
 
     def now(self) -> int:
         return int(self.clock())
@@ -106,9 +146,17 @@ class Reconciler:
     async def tick(self) -> TickReport:
         started = time.perf_counter()
         report = TickReport()
+        # A tick allocates (and frees) a few objects per tracked job, while the reconciler
+        # keeps a few dozen per job across ticks: the cyclic collector would traverse all
+        # of those (a second at 100k jobs) again and again for garbage that reference
+        # counting frees anyway. It is held off for the tick, and runs normally between.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             await self._tick(report)
         finally:
+            if collecting:
+                gc.enable()
             report.duration_s = time.perf_counter() - started
             self.metrics.tick_duration.observe(report.duration_s)
         result = "ok" if report.slurm_ok else "slurm-unreachable"
@@ -121,12 +169,7 @@ class Reconciler:
     async def _tick(self, report: TickReport) -> None:
         now = self.now()
         t0 = time.perf_counter()
-        with self.store.transaction() as tx:
-            loaded = repo.load_tracked(tx, self.adapter.cluster, cache=self._spec_cache)
-        previous = {j.state.job_id: j.previous for j in loaded if j.previous is not None}
-        if len(self._spec_cache) > 2 * len(loaded) + 1000:  # forget jobs that finished
-            live_ids = {j.state.job_id for j in loaded}
-            self._spec_cache = {k: v for k, v in self._spec_cache.items() if k in live_ids}
+        loaded = self._load(report)
         report.tracked = len(loaded)
         self.metrics.tracked.set(len(loaded))
         report.timings["load"] = time.perf_counter() - t0
@@ -143,53 +186,170 @@ class Reconciler:
                 self.metrics.slurm_up.set(0)
                 log.warning("slurm live read failed; no job changes this tick",
                             extra={"error": str(exc)})
-                self._save_rejections(loaded, previous, now)
+                self._save_rejections(loaded, now)
                 return
         self.metrics.slurm_up.set(1)
-        acct, acct_ok = await self._accounting(valid, live, now)
-        report.accounting_ok = acct_ok
-        self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         down = self.cluster_stats.down_nodes if self.cluster_stats else frozenset()
         ctx = PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
                           adopt_window_s=self.settings.adopt_window_s, down_nodes=down)
+        epoch = self._plan_epoch(ctx)
+        todo = self._unsettled(loaded, live, now, epoch, report)
+        report.timings["select"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        acct, acct_ok = await self._accounting(todo, now)
+        report.accounting_ok = acct_ok
+        self.metrics.accounting_up.set(1 if acct_ok else 0)
+        report.timings["read"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
         plans: list[tuple[repo.LoadedJob, Plan]] = []
-        for job in loaded:
+        outcomes: list[tuple[_Todo, Plan | None]] = []
+        for item in todo:
+            job = item.job
             try:
                 cur = job.state.current
                 acct_obs = acct.get(cur.ref) if cur and cur.ref else None
-                observed = Observed(live=tuple(live.get(job.state.job_id, ())),
-                                    accounting=acct_obs, accounting_ok=acct_ok)
-                plans.append((job, plan(job.state, observed, ctx)))
+                observed = Observed(live=item.live, accounting=acct_obs, accounting_ok=acct_ok)
+                p = plan(job.state, observed, ctx)
             except Exception as exc:  # one job's bug never stops the others
                 log.exception("planning failed", extra={"job": job.state.job_id})
                 report.errors.append(f"{job.state.job_id}: plan: {exc}")
+                outcomes.append((item, None))
+                continue
+            plans.append((job, p))
+            outcomes.append((item, p))
         report.planned = len(plans)
         report.timings["plan"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        self._commit_plans(plans, previous, now)
+        written = self._commit_plans(plans, now) if plans else set()
+        self._remember(outcomes, written, ctx, epoch)
         report.timings["store"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         await self._apply(plans, report, now)
         report.timings["apply"] = time.perf_counter() - t0
-        self._refresh_gauges(plans, now)
+        t0 = time.perf_counter()
+        self._refresh_gauges(now)
+        report.timings["gauges"] = time.perf_counter() - t0
+
+    # ------------------------------------------------------------ incremental state
+
+    def _load(self, report: TickReport) -> list[repo.LoadedJob]:
+        """Every tracked job: the remembered ones whose rows did not move, the others
+        read in full (all of them on the first tick, or while versions are not kept)."""
+        cluster = self.adapter.cluster
+        with self.store.transaction() as tx:
+            incremental = self._loaded and repo.row_versions_maintained(tx)
+            if not incremental:
+                loaded = repo.load_tracked(tx, cluster, cache=_validated(
+                    self._memos, self._memos.keys()))
+                self._memos = {j.state.job_id: _Memo(j) for j in loaded}
+                self._loaded = repo.row_versions_maintained(tx)
+                if not self._loaded and not self._warned:
+                    self._warned = True
+                    log.warning("the row version triggers of migration 0002 are missing: "
+                                "every job is loaded and planned every tick")
+                report.full_load = True
+                report.reloaded = len(loaded)
+                return loaded
+            memos = self._memos
+            seen = 0
+            stale: list[str] = []
+            for job_id, version, status_version in repo.tracked_versions(tx):
+                memo = memos.get(job_id)
+                if memo is None:
+                    stale.append(job_id)
+                    continue
+                seen += 1
+                memo.seen = True
+                job = memo.job
+                if (status_version is None or job.version != version
+                        or job.status_version != status_version):
+                    stale.append(job_id)
+            fresh = repo.load_tracked(tx, cluster, cache=_validated(memos, stale), ids=stale)
+        report.reloaded = len(fresh)
+        if seen != len(memos):  # some finished or were deleted
+            for job_id in [k for k, memo in memos.items() if not memo.seen]:
+                del memos[job_id]
+        for memo in memos.values():
+            memo.seen = False
+        for job in fresh:
+            memos[job.state.job_id] = _Memo(job)
+        if len(fresh) < len(stale):  # left the tracked set between the two reads
+            for job_id in set(stale).difference(j.state.job_id for j in fresh):
+                memos.pop(job_id, None)
+        return [memo.job for memo in memos.values()]
+
+    def _plan_epoch(self, ctx: PlanContext) -> int:
+        """A number that moves whenever a plan input shared by every job changes."""
+        key = (ctx.unknown_grace_s, ctx.adopt_window_s, ctx.down_nodes, self.settings)
+        if key != self._epoch_key:
+            self._epoch += 1
+            self._epoch_key = key
+        return self._epoch
+
+    def _unsettled(self, loaded: Sequence[repo.LoadedJob], live: dict[str, list[ObjectObs]],
+                   now: int, epoch: int, report: TickReport) -> list[_Todo]:
+        """The jobs to plan this tick: all but those whose last plan was quiet and whose
+        inputs are unchanged and clock triggers not due (module docstring)."""
+        memos = self._memos
+        todo: list[_Todo] = []
+        skipped = 0
+        for job in loaded:
+            job_id = job.state.job_id
+            seen = tuple(live.get(job_id, ()))
+            memo = memos[job_id]
+            if (memo.quiet is not None and memo.job is job and memo.epoch == epoch
+                    and memo.planned_at <= now < memo.recheck_at and memo.quiet == seen):
+                skipped += 1
+                continue
+            memo.quiet = None  # planned now: quiet again only once this plan proves it
+            todo.append(_Todo(job, memo, seen))
+        report.skipped = skipped
+        return todo
+
+    def _remember(self, outcomes: Sequence[tuple[_Todo, Plan | None]], written: set[str],
+                  ctx: PlanContext, epoch: int) -> None:
+        """After the commit: which plans were quiet, until when, and each job's gauges."""
+        replan_s = max(1, self.settings.replan_s)
+        for item, p in outcomes:
+            memo = item.memo
+            memo.planned_at = ctx.now
+            memo.epoch = epoch
+            if p is None:
+                memo.gauge = None
+                continue
+            memo.gauge = _gauge(p.status)
+            job = item.job
+            if (p.actions or p.submissions or p.events or item.needs_accounting
+                    or job.state.spec is None or not job.has_status
+                    or job.state.job_id in written):
+                continue
+            spread = zlib.crc32(job.state.job_id.encode()) % replan_s
+            memo.recheck_at = min(_recheck_at(job.state, item.live, ctx),
+                                  ctx.now + replan_s + spread)
+            memo.quiet = item.live
 
     # ------------------------------------------------------------ reads
 
-    async def _accounting(self, valid: Sequence[repo.LoadedJob], live: dict[str, list[ObjectObs]],
+    async def _accounting(self, todo: Sequence[_Todo],
                           now: int) -> tuple[dict[ObjectRef, ObjectObs], bool]:
-        """One sacct read for current objects that are not in squeue any more."""
+        """One sacct read for current objects that are not in squeue any more (of the jobs
+        planned this tick: a job whose current object is missing is never skipped)."""
         missing: list[ObjectRef] = []
-        for job in valid:
+        for item in todo:
+            job = item.job
             cur = job.state.current
-            if cur is None or cur.ref is None:
+            if job.state.spec is None or cur is None or cur.ref is None:
                 continue
             ref = cur.ref
-            if not any(same_object(ref, o) for o in live.get(job.state.job_id, ())):
+            if not any(same_object(ref, o) for o in item.live):
+                item.needs_accounting = True
                 missing.append(ref)
         if not missing:
             return {}, True
@@ -204,8 +364,7 @@ class Reconciler:
 
     # ------------------------------------------------------------ writes
 
-    def _save_rejections(self, loaded: Sequence[repo.LoadedJob],
-                         previous: dict[str, dict[str, object]], now: int) -> None:
+    def _save_rejections(self, loaded: Sequence[repo.LoadedJob], now: int) -> None:
         """Even when Slurm is unreachable, bad rows are marked rejected (no Slurm needed)."""
         rejected = [j for j in loaded if j.state.spec is None]
         if not rejected:
@@ -213,24 +372,28 @@ class Reconciler:
         with self.store.transaction() as tx:
             for job in rejected:
                 if repo.save_status(tx, job.state, exists=job.has_status, now=now,
-                                    reject_reason=job.reject_reason,
-                                    previous=previous.get(job.state.job_id)):
+                                    reject_reason=job.reject_reason, previous=job.previous):
                     repo.add_event(tx, job.state.job_id, "Rejected", job.reject_reason, now=now)
                     self.metrics.endings.labels(phase="rejected", cause="invalid").inc()
 
     def _commit_plans(self, plans: Sequence[tuple[repo.LoadedJob, Plan]],
-                      previous: dict[str, dict[str, object]], now: int) -> None:
+                      now: int) -> set[str]:
+        """Write what the plans changed; returns the ids whose status row was written."""
         with self.store.transaction() as tx:
+            written = repo.save_statuses(tx, (
+                repo.StatusWrite(p.status, job.has_status, job.reject_reason, job.previous)
+                for job, p in plans), now=now)
+            repo.save_submissions(tx, [(upd, p.status.attempt) for _, p in plans
+                                       for upd in p.submissions], now=now)
+            events: list[PlannedEvent] = []
             for job, p in plans:
-                wrote = repo.save_status(tx, p.status, exists=job.has_status, now=now,
-                                         reject_reason=job.reject_reason,
-                                         previous=previous.get(job.state.job_id))
-                if p.status.spec is None and wrote:
-                    repo.add_event(tx, job.state.job_id, "Rejected", job.reject_reason, now=now)
-                for upd in p.submissions:
-                    repo.save_submission(tx, upd, attempt=p.status.attempt, now=now)
-                repo.add_events(tx, p.events, now=now)
-                self._count_transitions(job.state, p.status)
+                if p.status.spec is None and job.state.job_id in written:
+                    events.append(PlannedEvent(job.state.job_id, "Rejected", job.reject_reason))
+                events.extend(p.events)
+            repo.insert_events(tx, events, now=now)
+        for job, p in plans:
+            self._count_transitions(job.state, p.status)
+        return written
 
     def _count_transitions(self, before: JobState, after: JobState) -> None:
         if after.phase in TERMINAL_PHASES and after.phase != before.phase:
@@ -347,24 +510,117 @@ class Reconciler:
 
     # ------------------------------------------------------------ gauges
 
-    def _refresh_gauges(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], now: int) -> None:
+    def _refresh_gauges(self, now: int) -> None:
         states: CountOf[str] = CountOf()
         stale = 0
-        oldest = 0
-        for _, p in plans:
-            st = p.status
-            if st.phase in TERMINAL_PHASES:
+        pending_since: int | None = None
+        for memo in self._memos.values():
+            gauge = memo.gauge
+            if gauge is None:
                 continue
-            if st.object_state is not None:
-                states[st.object_state.value] += 1
-            elif st.current is not None:
-                states["unknown" if st.unknown_since else "pending"] += 1
-            if any(c.type == "Stale" and c.status for c in st.conditions):
+            label, is_stale, since = gauge
+            if label is not None:
+                states[label] += 1
+            if is_stale:
                 stale += 1
-            if st.object_state in (State.PENDING, State.GATED, State.HELD) and st.current:
-                oldest = max(oldest, now - st.current.created_at)
+            if since is not None and (pending_since is None or since < pending_since):
+                pending_since = since
         self.metrics.set_object_counts(states)
         self.metrics.stale.set(stale)
-        self.metrics.oldest_pending.set(oldest)
+        self.metrics.oldest_pending.set(max(0, now - pending_since)
+                                        if pending_since is not None else 0)
         with self.store.transaction() as tx:
             self.metrics.set_phase_counts(repo.phase_counts(tx))
+
+
+# ---------------------------------------------------------------- per-job memory
+
+
+@dataclass(slots=True)
+class _Memo:
+    """What the reconciler remembers of one tracked job between ticks."""
+
+    job: repo.LoadedJob  # as loaded; replaced when its row versions move
+    quiet: tuple[ObjectObs, ...] | None = None  # the live observations of a quiet last plan
+    recheck_at: int = 0  # a quiet plan holds until then (``_recheck_at``)
+    planned_at: int = 0
+    epoch: int = 0
+    gauge: tuple[str | None, bool, int | None] | None = None  # see ``_gauge``
+    seen: bool = False  # in this tick's tracked set (``_load``)
+
+
+def _validated(memos: dict[str, _Memo], job_ids: Iterable[str]) -> repo.SpecCache:
+    """The validated rows the reconciler already holds for ``job_ids``: a row reloaded
+    for its status alone (same jobs.version) is not parsed and validated again."""
+    cache: repo.SpecCache = {}
+    for job_id in job_ids:
+        memo = memos.get(job_id)
+        if memo is not None and memo.job.state.spec is not None:
+            state = memo.job.state
+            cache[job_id] = (memo.job.version, (state.spec, state.policy, state.desired))
+    return cache
+
+
+@dataclass(slots=True)
+class _Todo:
+    """A job to plan this tick."""
+
+    job: repo.LoadedJob
+    memo: _Memo
+    live: tuple[ObjectObs, ...]
+    needs_accounting: bool = False  # its current object is not in squeue
+
+
+def _gauge(st: JobState) -> tuple[str | None, bool, int | None] | None:
+    """One job's share of the object-state, stale and oldest-pending gauges."""
+    if st.phase in TERMINAL_PHASES:
+        return None
+    label = None
+    if st.object_state is not None:
+        label = st.object_state.value
+    elif st.current is not None:
+        label = "unknown" if st.unknown_since else "pending"
+    stale = any(c.type == "Stale" and c.status for c in st.conditions)
+    if st.object_state in (State.PENDING, State.GATED, State.HELD) and st.current:
+        return label, stale, st.current.created_at
+    key = (label, stale)
+    gauge = _GAUGES.get(key)
+    if gauge is None:
+        gauge = _GAUGES[key] = (label, stale, None)
+    return gauge
+
+
+_GAUGES: dict[tuple[str | None, bool], tuple[str | None, bool, None]] = {}  # shared
+
+
+_NEVER = 2**63
+
+
+def _recheck_at(state: JobState, live: Sequence[ObjectObs], ctx: PlanContext) -> int:
+    """The first second at which ``plan(state, Observed(live), ...)`` could decide
+    differently only because the clock moved: every comparison with ``ctx.now`` that the
+    planner makes (controller.reconcile.plan), and a few more to be safe. A new
+    time-based rule in the planner must be added here too; ``replan_s`` bounds the
+    damage if one is missed. ``_NEVER`` when nothing is due.
+    """
+    due: list[int] = []
+    if state.not_before is not None:  # backoff: _maybe_submit waits while now < not_before
+        due.append(state.not_before)
+    if state.unknown_since is not None:  # _unknown ends the object after the grace
+        grace = state.policy.unknown_grace_s if state.policy.unknown_grace_s is not None \
+            else ctx.unknown_grace_s
+        due.append(state.unknown_since + grace)
+    cur = state.current
+    if cur is not None and cur.ref is None:  # _adopt abandons an intent after the window
+        due.append(cur.created_at + ctx.adopt_window_s + 1)
+    if cur is not None:
+        due.append(cur.created_at)
+    due.extend(state.excluded_nodes.values())  # exclusions expire (used when submitting)
+    for obs in live:  # _stale: running past start + time limit + grace
+        if obs.start is not None and obs.time_limit_s is not None:
+            due.append(obs.start + obs.time_limit_s + state.policy.stale_grace_s + 1)
+        for moment in (obs.start, obs.end, obs.submit):
+            if moment is not None:
+                due.append(moment)
+    future = [t for t in due if t > ctx.now]
+    return min(future) if future else _NEVER

@@ -205,8 +205,9 @@ def _load(text: str) -> object:
         raise ProtocolError(f"expected JSON text, got {type(text).__name__}")
     try:
         return json.loads(text)
-    except ValueError as exc:  # JSONDecodeError, and the recursion/number limits
-        raise ProtocolError(f"malformed JSON from Slurm: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, the int-digits limit,
+        # and nesting past the recursion limit (RecursionError is no ValueError)
+        raise ProtocolError(f"malformed JSON from Slurm: {str(exc)[:200]}") from exc
 
 
 def _envelope(document: object) -> tuple[list[object], str]:

@@ -36,6 +36,8 @@ class Job(Base):
     """A desired job record. ``spec`` is the job document (JSON text as the client wrote it)."""
 
     __tablename__ = "jobs"
+    # covers the tick's (id, version) read (migration 0002)
+    __table_args__ = (Index("ix_jobs_id_version", "id", "version"),)
 
     id: Mapped[str] = mapped_column(String(26), primary_key=True)
     spec: Mapped[str] = mapped_column(Text)
@@ -47,6 +49,9 @@ class Job(Base):
     # rows inserted by plain SQL get 0; the controller reads 0 as "unknown"
     created_at: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     updated_at: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Opaque; changed by a trigger on every INSERT and UPDATE (migration 0002), whoever
+    # writes: the controller reloads a row only when its version moved. Never written here.
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class JobStatus(Base):
@@ -81,6 +86,7 @@ class JobStatus(Base):
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0")  # as Job.version
 
 
 class Submission(Base):

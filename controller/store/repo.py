@@ -6,12 +6,15 @@ services wrote straight into ``jobs``); saving writes only what a plan changed.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import String, bindparam, delete, func, insert, literal, select, text, update
 from sqlalchemy.orm import Session
 
 from controller.errors import DispatchError, ErrInvalid, ErrNotFound
@@ -172,13 +175,24 @@ def list_events(tx: Session, job_id: str, *, limit: int = 200) -> list[Event]:
 
 
 def phase_counts(tx: Session) -> dict[str, int]:
-    rows = tx.execute(select(JobStatus.phase, func.count()).select_from(Job)
-                      .outerjoin(JobStatus, JobStatus.job_id == Job.id)
-                      .group_by(JobStatus.phase)).all()
+    """Jobs per phase; a job with no status row yet is pending.
+
+    Counts ``job_status`` alone (one index scan) plus the number of jobs: every status
+    row belongs to a job (the foreign key cascades on PostgreSQL, and a trigger does on
+    SQLite whatever the connection's ``foreign_keys``: migration 0002)."""
+    rows = tx.execute(
+        select(JobStatus.phase, func.count()).group_by(JobStatus.phase)
+        .union_all(select(literal(None, String), func.count()).select_from(Job))).all()
     counts: dict[str, int] = {}
+    jobs = with_status = 0
     for phase, count in rows:
-        key = str(phase) if phase is not None else Phase.PENDING.value
-        counts[key] = counts.get(key, 0) + int(count)
+        if phase is None:
+            jobs += int(count)
+        else:
+            counts[str(phase)] = counts.get(str(phase), 0) + int(count)
+            with_status += int(count)
+    if jobs > with_status:
+        counts[Phase.PENDING.value] = counts.get(Phase.PENDING.value, 0) + jobs - with_status
     return counts
 
 
@@ -190,16 +204,36 @@ class LoadedJob:
     state: JobState
     reject_reason: str = ""
     has_status: bool = True
-    previous: dict[str, Any] | None = None  # the status row as loaded, for no-op detection
+    # digest of the status row as loaded (``row_digest``), for no-op detection
+    previous: bytes | None = None
+    version: int = 0  # jobs.version of the row loaded (see migration 0002)
+    status_version: int | None = None  # job_status.version; None: no status row yet
 
 
 def _decode_conditions(text: str) -> tuple[Condition, ...]:
+    if not text or text == "[]":
+        return ()
     try:
-        raw = json.loads(text or "[]")
-        return tuple(Condition(c["type"], bool(c["status"]), c["reason"], c["message"],
-                               int(c["since"]), int(c["observed_generation"])) for c in raw)
+        raw = json.loads(text)
+        # the same few types, reasons and messages on every job: shared, not copied
+        return tuple(Condition(_shared(c["type"]), bool(c["status"]), _shared(c["reason"]),
+                               _shared(c["message"]), int(c["since"]),
+                               int(c["observed_generation"])) for c in raw)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         return ()
+
+
+def _shared(value: Any) -> Any:
+    """One copy of a text that many loaded jobs hold (memory at 100k jobs)."""
+    return sys.intern(value) if type(value) is str else value
+
+
+def row_digest(values: Iterable[Any]) -> bytes:
+    """A 128-bit digest of status column values (``SAVED_COLUMNS`` order): kept instead of
+    the loaded row itself, and compared with the digest of the values a plan would write.
+    ``repr`` is exact for the column types (str, int, bool, None)."""
+    return hashlib.blake2b(repr(tuple(values)).encode("utf-8", "surrogatepass"),
+                           digest_size=16).digest()
 
 
 def encode_conditions(conditions: Iterable[Condition]) -> str:
@@ -208,7 +242,14 @@ def encode_conditions(conditions: Iterable[Condition]) -> str:
                         "observed_generation": c.observed_generation} for c in conditions])
 
 
-SpecCache = dict[str, tuple[tuple[str, str | None, str], Any]]
+# job id -> (jobs.version, validated row): the version moves on every write of the row
+SpecCache = dict[str, tuple[int, Any]]
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every database can store it: a reason may quote a client's key, which
+    may hold NUL (PostgreSQL refuses it) or a lone surrogate (no UTF-8 encoding)."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _validate_row(job_id: str, spec_text: str, policy_text: str | None,
@@ -216,10 +257,15 @@ def _validate_row(job_id: str, spec_text: str, policy_text: str | None,
     parse_job_id(job_id, field="id")
     try:
         doc = json.loads(spec_text)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ErrInvalid(f"not JSON: {exc}", field="spec") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        # JSONDecodeError, Python's int-digits limit, nesting past the recursion limit:
+        # one broken row must never stop the tick for every other job
+        raise ErrInvalid(f"not JSON: {str(exc)[:200]}", field="spec") from None
     spec = parse_job_document(doc)
-    policy = parse_policy(policy_text)
+    try:
+        policy = parse_policy(policy_text)
+    except (ValueError, RecursionError) as exc:  # ErrInvalid is no ValueError
+        raise ErrInvalid(f"not JSON: {str(exc)[:200]}", field="policy") from None
     try:
         desired = Desired(desired_text)
     except ValueError:
@@ -227,63 +273,141 @@ def _validate_row(job_id: str, spec_text: str, policy_text: str | None,
     return spec, policy, desired
 
 
-def _validated(cache: SpecCache | None, job_id: str, spec_text: str, policy_text: str | None,
-               desired_text: str) -> tuple[JobSpec, Any, Desired] | DispatchError:
-    """Validate a row, reusing the result for an unchanged row (the tick's hot path)."""
-    key = (spec_text, policy_text, desired_text)
+def _validated(cache: SpecCache | None, row: Any) -> tuple[JobSpec, Any, Desired] | DispatchError:
+    """Validate a ``load_tracked`` row, reusing the result for a row whose version did
+    not move (a row reloaded because only its status changed)."""
+    job_id = row.id
     if cache is not None:
         hit = cache.get(job_id)
-        if hit is not None and hit[0] == key:
+        if hit is not None and hit[0] == row.version:
             return hit[1]  # type: ignore[no-any-return]
     try:
         result: tuple[JobSpec, Any, Desired] | DispatchError = _validate_row(
-            job_id, spec_text, policy_text, desired_text)
+            job_id, row.spec, row.policy, row.desired)
     except DispatchError as exc:
         result = exc
     if cache is not None:
-        cache[job_id] = (key, result)
+        cache[job_id] = (row.version, result)
     return result
 
 
-def _int_map(text: str) -> dict[str, int]:
+_NO_ENTRIES: Mapping[str, int] = MappingProxyType({})  # shared, read-only
+
+
+def _int_map(text: str) -> Mapping[str, int]:
+    if not text or text == "{}":
+        return _NO_ENTRIES
     try:
-        raw = json.loads(text or "{}")
+        raw = json.loads(text)
         return {str(k): int(v) for k, v in raw.items()}
     except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return {}
+        return _NO_ENTRIES
 
 
-_STATUS_COLUMNS = [c for c in JobStatus.__table__.columns if c.name != "job_id"]
+# The status columns the controller writes, in ``status_row_values`` order (updated_at
+# and version are not compared: the first moves with every write, the trigger owns the other).
+SAVED_COLUMNS: tuple[str, ...] = (
+    "phase", "observed_generation", "submission", "attempt", "current_submission",
+    "current_since", "slurm_job_id", "slurm_submit", "cluster", "object_state", "cause",
+    "cause_detail", "exit_code", "reason", "budgets_used", "excluded_nodes", "conditions",
+    "not_before", "unknown_since", "hold_instance", "nodes", "started_at", "ended_at",
+    "outputs_verified",
+)
+_SAVED_FIRST = 8  # index of the first SAVED_COLUMNS column in a load_tracked row
+_IN_CHUNK = 500  # ids per IN (...) list: well under every SQLite's variable limit
 
 
-def load_tracked(tx: Session, cluster: str, *,
-                 cache: SpecCache | None = None) -> list[LoadedJob]:
-    """Every job the controller still has to reconcile (no status yet, or not terminal).
+def _tracked() -> Any:
+    """WHERE clause: jobs with no status yet, or a status that is not terminal."""
+    return (JobStatus.job_id.is_(None)) | (JobStatus.phase.not_in(TERMINAL))
+
+
+_VERSIONS_QUERY = (select(Job.id, Job.version, JobStatus.version)
+                   .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
+_VERSIONS_SQL: dict[str, str] = {}  # dialect -> _VERSIONS_QUERY with its literals inlined
+
+
+def tracked_versions(tx: Session) -> list[tuple[str, int, int | None]]:
+    """(job id, jobs.version, job_status.version or None) of every tracked job: the cheap
+    read that tells the tick which rows changed since it loaded them. It runs on the
+    driver's cursor: 100k plain tuples cost a fraction of 100k result rows."""
+    conn = tx.connection()
+    dialect = conn.dialect
+    sql = _VERSIONS_SQL.get(dialect.name)
+    if sql is None:
+        sql = _VERSIONS_SQL[dialect.name] = str(_VERSIONS_QUERY.compile(
+            dialect=dialect, compile_kwargs={"literal_binds": True}))
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(sql)
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    return rows  # type: ignore[return-value]  # the DBAPI types rows loosely
+
+
+# triggers of migration 0002, by dialect: without them versions never move
+_VERSION_TRIGGERS = {
+    "sqlite": ("jobs_version_insert", "jobs_version_update", "job_status_version_insert",
+               "job_status_version_update"),
+    "postgresql": ("jobs_version", "job_status_version"),
+}
+
+
+def row_versions_maintained(tx: Session) -> bool:
+    """Whether the version triggers of migration 0002 are in place (and enabled)."""
+    dialect = tx.get_bind().dialect.name
+    names = _VERSION_TRIGGERS.get(dialect)
+    if names is None:
+        return False
+    if dialect == "sqlite":
+        query = text("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
+                     "AND name IN :names").bindparams(bindparam("names", expanding=True))
+    else:
+        query = text("SELECT count(*) FROM pg_trigger WHERE tgname IN :names "
+                     "AND tgenabled <> 'D' AND NOT tgisinternal "
+                     "AND tgrelid IN (to_regclass('jobs'), to_regclass('job_status'))"
+                     ).bindparams(bindparam("names", expanding=True))
+    found = tx.execute(query, {"names": list(names)}).scalar()
+    return int(found or 0) == len(names)
+
+
+def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
+                 ids: Collection[str] | None = None) -> list[LoadedJob]:
+    """Every job the controller still has to reconcile (no status yet, or not terminal);
+    with ``ids``, only those of them.
 
     ``cache`` (owned by the caller, kept across ticks) skips re-validating rows whose
-    spec, policy and desired state did not change.
+    version did not move.
     """
-    rows = tx.execute(
-        select(Job.id, Job.spec, Job.policy, Job.desired, Job.generation,
-               JobStatus.job_id.label("has_status"), *_STATUS_COLUMNS)
-        .outerjoin(JobStatus, JobStatus.job_id == Job.id)
-        .where((JobStatus.job_id.is_(None)) | (JobStatus.phase.not_in(TERMINAL)))
-    ).all()
+    query = (select(Job.id, Job.spec, Job.policy, Job.desired, Job.generation, Job.version,
+                    JobStatus.job_id.label("has_status"), JobStatus.version.label("sv"),
+                    *(JobStatus.__table__.c[name] for name in SAVED_COLUMNS))
+             .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
+    if ids is None:
+        rows: Iterable[Any] = tx.execute(query)
+    else:
+        wanted = list(ids)
+        rows = [row for start in range(0, len(wanted), _IN_CHUNK)
+                for row in tx.execute(query.where(Job.id.in_(wanted[start:start + _IN_CHUNK])))]
     out: list[LoadedJob] = []
+    end = _SAVED_FIRST + len(SAVED_COLUMNS)
     for row in rows:
         job_id = row.id
-        checked = _validated(cache, job_id, row.spec, row.policy, row.desired)
+        checked = _validated(cache, row)
         if isinstance(checked, DispatchError):
             out.append(LoadedJob(JobState(job_id=job_id, generation=row.generation or 0,
                                           desired=Desired.RUN, spec=None,
-                                          phase=Phase.REJECTED), reject_reason=str(checked),
-                                 has_status=row.has_status is not None))
+                                          phase=Phase.REJECTED),
+                                 reject_reason=storable_text(str(checked)),
+                                 has_status=row.has_status is not None,
+                                 version=row.version, status_version=row.sv))
             continue
         spec, policy, desired = checked
         if row.has_status is None:
             out.append(LoadedJob(JobState(job_id=job_id, generation=row.generation,
                                           desired=desired, spec=spec, policy=policy),
-                                 has_status=False))
+                                 has_status=False, version=row.version))
             continue
         current = None
         if row.current_submission is not None:
@@ -292,17 +416,14 @@ def load_tracked(tx: Session, cluster: str, *,
                 ref = ObjectRef(row.cluster or cluster, "dj-" + job_id, row.slurm_job_id,
                                 row.slurm_submit)
             current = Current(row.current_submission, row.attempt, row.current_since or 0, ref)
-        previous = {c.name: getattr(row, c.name) for c in _STATUS_COLUMNS
-                    if c.name != "updated_at"}
         out.append(LoadedJob(JobState(
             job_id=job_id, generation=row.generation, desired=desired, spec=spec,
             policy=policy, phase=Phase(row.phase), submission=row.submission,
             attempt=row.attempt, current=current,
             object_state=State(row.object_state) if row.object_state else None,
-            cause=Cause(CauseKind(row.cause) if row.cause else CauseKind.NONE,
-                        Provenance.UNKNOWN, row.cause_detail),
-            exit_code=row.exit_code, reason=row.reason,
-            nodes=tuple(filter(None, row.nodes.split(","))),
+            cause=_cause(row.cause, row.cause_detail),
+            exit_code=row.exit_code, reason=_shared(row.reason),
+            nodes=tuple(sys.intern(n) for n in row.nodes.split(",") if n),
             budgets_used=_int_map(row.budgets_used),
             excluded_nodes=_int_map(row.excluded_nodes), not_before=row.not_before,
             unknown_since=row.unknown_since, hold_instance=row.hold_instance,
@@ -310,8 +431,22 @@ def load_tracked(tx: Session, cluster: str, *,
             observed_generation=row.observed_generation,
             conditions=_decode_conditions(row.conditions),
             outputs_verified=bool(row.outputs_verified),
-        ), previous=previous))
+        ), previous=row_digest(row[_SAVED_FIRST:end]), version=row.version,
+            status_version=row.sv))
     return out
+
+
+_CAUSES: dict[str | None, Cause] = {}  # the detail-less causes, shared
+
+
+def _cause(kind: str | None, detail: str) -> Cause:
+    if not detail:
+        cause = _CAUSES.get(kind)
+        if cause is None:
+            cause = _CAUSES[kind] = Cause(CauseKind(kind) if kind else CauseKind.NONE,
+                                          Provenance.UNKNOWN, detail)
+        return cause
+    return Cause(CauseKind(kind) if kind else CauseKind.NONE, Provenance.UNKNOWN, detail)
 
 
 def status_row_values(state: JobState, *, reject_reason: str = "") -> dict[str, Any]:
@@ -345,11 +480,26 @@ def status_row_values(state: JobState, *, reject_reason: str = "") -> dict[str, 
     }
 
 
+Previous = bytes | Sequence[Any] | Mapping[str, Any]
+
+
+def _unchanged(values: dict[str, Any], previous: Previous | None) -> bool:
+    """Whether ``values`` are the row as loaded: ``previous`` is ``LoadedJob.previous``
+    (a ``row_digest``), the row's values in ``SAVED_COLUMNS`` order, or a mapping."""
+    if previous is None:
+        return False
+    if isinstance(previous, bytes):
+        return row_digest(values.values()) == previous
+    if isinstance(previous, Mapping):
+        return previous == values
+    return tuple(values.values()) == tuple(previous)
+
+
 def save_status(tx: Session, state: JobState, *, exists: bool, now: int,
-                reject_reason: str = "", previous: Mapping[str, Any] | None = None) -> bool:
+                reject_reason: str = "", previous: Previous | None = None) -> bool:
     """Write the status row if anything changed; returns whether it wrote."""
     values = status_row_values(state, reject_reason=reject_reason)
-    if previous is not None and previous == values:
+    if _unchanged(values, previous):
         return False
     values["updated_at"] = now
     if exists:
@@ -359,19 +509,96 @@ def save_status(tx: Session, state: JobState, *, exists: bool, now: int,
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class StatusWrite:
+    """One status ``save_statuses`` may write (the arguments of ``save_status``)."""
+
+    state: JobState
+    exists: bool
+    reject_reason: str = ""
+    previous: Previous | None = None
+
+
+_STATUS_TABLE: Any = JobStatus.__table__
+_EVENT_TABLE: Any = Event.__table__
+_STATUS_UPDATE = update(_STATUS_TABLE).where(_STATUS_TABLE.c.job_id == bindparam("key"))
+
+
+def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int) -> set[str]:
+    """``save_status`` for many jobs, as one executemany UPDATE and one INSERT; returns
+    the ids of the jobs whose status row was written."""
+    updates: list[dict[str, Any]] = []
+    inserts: list[dict[str, Any]] = []
+    written: set[str] = set()
+    for w in writes:
+        values = status_row_values(w.state, reject_reason=w.reject_reason)
+        if _unchanged(values, w.previous):
+            continue
+        values["updated_at"] = now
+        if w.exists:
+            values["key"] = w.state.job_id
+            updates.append(values)
+        else:
+            values["job_id"] = w.state.job_id
+            inserts.append(values)
+        written.add(w.state.job_id)
+    conn = tx.connection()
+    if updates:
+        conn.execute(_STATUS_UPDATE, updates)
+    if inserts:
+        conn.execute(insert(_STATUS_TABLE), inserts)
+    return written
+
+
 def save_submission(tx: Session, upd: SubmissionUpdate, *, attempt: int, now: int) -> None:
     """Insert an intent, or record what was observed of a submission row."""
     row = tx.scalars(select(Submission).where(Submission.job_id == upd.job_id,
                                               Submission.submission == upd.submission)).first()
     if row is None:
-        row = Submission(job_id=upd.job_id, submission=upd.submission, attempt=attempt,
-                         status=upd.status, created_at=now, cause_detail="", nodes="",
-                         restart_count=0)
-        tx.add(row)
-    elif row.status in ("abandoned", "duplicate", "ended") and upd.status in ("submitted",):
+        tx.add(_new_submission(upd, attempt=attempt, now=now))
+    else:
+        _record_submission(row, upd)
+
+
+def save_submissions(tx: Session, updates: Sequence[tuple[SubmissionUpdate, int]], *,
+                     now: int) -> None:
+    """``save_submission`` for many (update, attempt) pairs, in order, reading the rows
+    they touch with one query per ``_IN_CHUNK`` jobs instead of one per update."""
+    if not updates:
+        return
+    job_ids = sorted({upd.job_id for upd, _ in updates})
+    rows: dict[tuple[str, int], Submission] = {}
+    for start in range(0, len(job_ids), _IN_CHUNK):
+        chunk = job_ids[start:start + _IN_CHUNK]
+        for row in tx.scalars(select(Submission).where(Submission.job_id.in_(chunk))):
+            rows.setdefault((row.job_id, row.submission), row)
+    for upd, attempt in updates:
+        key = (upd.job_id, upd.submission)
+        found = rows.get(key)
+        if found is None:
+            rows[key] = found = _new_submission(upd, attempt=attempt, now=now)
+            tx.add(found)
+        else:
+            _record_submission(found, upd)
+
+
+def _new_submission(upd: SubmissionUpdate, *, attempt: int, now: int) -> Submission:
+    row = Submission(job_id=upd.job_id, submission=upd.submission, attempt=attempt,
+                     status=upd.status, created_at=now, cause_detail="", nodes="",
+                     restart_count=0)
+    _record_observation(row, upd)
+    return row
+
+
+def _record_submission(row: Submission, upd: SubmissionUpdate) -> None:
+    if row.status in ("abandoned", "duplicate", "ended") and upd.status in ("submitted",):
         pass  # never step a row back
     else:
         row.status = upd.status
+    _record_observation(row, upd)
+
+
+def _record_observation(row: Submission, upd: SubmissionUpdate) -> None:
     obs = upd.obs
     if obs is not None:
         row.cluster = obs.ref.cluster
@@ -404,6 +631,14 @@ def record_submitted(tx: Session, job_id: str, submission: int, ref: ObjectRef) 
 def add_events(tx: Session, events: Iterable[PlannedEvent], *, now: int) -> None:
     tx.add_all([Event(job_id=e.job_id, at=now, kind=e.kind, message=e.message, data="{}")
                 for e in events])
+
+
+def insert_events(tx: Session, events: Sequence[PlannedEvent], *, now: int) -> None:
+    """Append many events at once (one executemany INSERT), in order."""
+    if events:
+        tx.connection().execute(insert(_EVENT_TABLE), [
+            {"job_id": e.job_id, "at": now, "kind": e.kind, "message": e.message,
+             "data": "{}"} for e in events])
 
 
 def add_event(tx: Session, job_id: str, kind: str, message: str, *, now: int) -> None:
