@@ -124,12 +124,19 @@ def test_fifty_jobs_through_the_daemon(cluster: dict[str, str], tmp_path: Path,
     assert (final[stopped]["phase"], final[stopped]["cause"]) == ("cancelled", "cancelled")
 
     names = {"dj-" + i: i for i in everything}
-    records = sacct_records(set(names))
-    by_job: dict[str, list[str]] = {}
-    for rec in records:
-        assert rec.user == "dispatch"
-        by_job.setdefault(names[rec.name], []).append(rec.state)
     allowed = dict.fromkeys(everything, 1) | dict.fromkeys(ids["retry"], 2) | {lost: 2}
+
+    def history() -> dict[str, list[str]]:
+        by_job: dict[str, list[str]] = {}
+        for rec in sacct_records(set(names)):
+            assert rec.user == "dispatch"
+            by_job.setdefault(names[rec.name], []).append(rec.state)
+        return by_job
+
+    # records reach slurmdbd a few seconds after the event: wait for the last ones
+    wait_for(lambda: sum(map(len, history().values())) >= sum(allowed.values()),
+             timeout=60, what="accounting to catch up")
+    by_job = history()
     for job_id, states in by_job.items():
         assert len(states) == allowed[job_id], (job_id, states)
     assert sorted(by_job[lost]) == ["COMPLETED", "NODE_FAIL"]
