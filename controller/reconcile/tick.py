@@ -1,12 +1,13 @@
 """One reconcile tick: load desired state, read Slurm once, plan, apply, record.
 
 Order inside a tick (crash-safe at every line):
-1. load every tracked job from the store;
+1. read the tracked jobs' row versions from the store (below);
 2. one batched live read (``find_many``) and, for current objects that left the
    queue, one batched accounting read (``inspect_many`` with a start window);
-   a failed live read ends the tick without touching any job;
-3. ``plan`` each job (pure);
-4. commit statuses, events and submission *intents* in one transaction;
+   a failed live read ends the tick without touching any job (bad rows are still
+   rejected);
+3. ``plan`` each job that needs it (pure), its row read in full;
+4. commit statuses, events and submission *intents* in one transaction (per chunk);
 5. apply the Slurm actions (each behind the adapter's identity check); a Submit
    runs gated, its ref is committed, and only then is the gate released;
 6. record what the actions returned.
@@ -14,23 +15,28 @@ A crash between 4 and 6 leaves intents and gated objects that the next tick adop
 
 Incremental, still level-triggered (what makes a steady-state tick cheap at 100k jobs):
 
-* **load**: the reconciler keeps the jobs it loaded. Every row of ``jobs`` and
-  ``job_status`` carries a version that a trigger moves on every write, whoever writes
-  (migration 0002), so each tick reads only ``(id, version, status version)`` of the
-  tracked jobs and reloads in full the rows that are new or whose versions moved: client
-  changes, rows inserted by plain SQL, the statuses this controller (or another leader,
-  or an operator) wrote. The first tick, and every tick while the triggers are missing,
-  loads everything;
+* **load**: every row of ``jobs`` and ``job_status`` carries a version that a trigger
+  moves on every write, whoever writes (migration 0002). Each tick reads only
+  ``(id, version, status version)`` of the tracked jobs; a job that is new, or whose
+  versions moved (a client's change, a row inserted by plain SQL, a status this
+  controller -- or another leader, or an operator -- wrote), is planned this tick. The
+  reconciler keeps per job only what deciding to skip it needs (``_Memo``); the rows of
+  the jobs it plans are read in full, a chunk at a time. Without the triggers every job
+  is read and planned every tick;
 * **read**: still one ``squeue`` per tick; the adapter reuses its observation of each
   byte-identical row (``SlurmAdapter.find_many``);
 * **plan**: a job is not planned again when its last plan was *quiet* -- no action, no
   submission row, no event, no status write, no accounting read -- and its inputs are
-  the same objects or equal values as then (the loaded row, the live observations, the
-  down nodes and settings) and none of its clock triggers is due (``_recheck_at``).
-  ``plan`` is pure, so planning it again would give the same quiet plan; its status
-  stands. Every job is planned again at least every ``replan_s`` (spread by job id),
-  whatever the analysis says;
+  the same as then (row versions, live observations, down nodes and settings) and none
+  of its clock triggers is due (``_recheck_at``). ``plan`` is pure, so planning it again
+  would give the same quiet plan: its status stands. Every job is planned again at least
+  every ``replan_s`` (spread by job id), whatever the analysis says;
 * **store**: quiet plans write nothing; a steady tick runs no per-row statement.
+
+With many jobs to plan (the first tick after taking the lead), they are loaded, planned
+and committed ``plan_chunk`` at a time, each chunk in its own transaction, all before
+any action is applied: memory stays bounded, and intents are still committed before
+their Submit runs.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import logging
 import time
 import zlib
 from collections import Counter as CountOf
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.errors import (
@@ -52,7 +58,7 @@ from controller.errors import (
     TransientError,
 )
 from controller.metrics import Metrics
-from controller.model.ids import JobID
+from controller.model.ids import JobID, is_job_id
 from controller.model.obs import (
     Cause,
     CauseKind,
@@ -98,6 +104,7 @@ class TickSettings:
     # a job whose inputs did not change is still planned again after replan_s..2*replan_s
     # (spread by job id): the safety net under the skip analysis (``_recheck_at``)
     replan_s: int = 600
+    plan_chunk: int = 2000  # jobs loaded, planned and committed together
 
 
 @dataclass(slots=True)
@@ -129,6 +136,11 @@ class Reconciler:
         self.last_success: float | None = None
         self._memos: dict[str, _Memo] = {}  # tracked job id -> what the last ticks learned
         self._loaded = False  # _memos holds every tracked job as of the last tick
+        self._versions_kept: bool | None = None  # the version triggers are in place
+        # the validated rows of the jobs the last tick planned without settling them
+        # (they are planned again now): (jobs.version, (spec, policy, desired)) by job id
+        self._validated: repo.SpecCache = {}
+        self._carried: repo.SpecCache = {}
         self._epoch = 0  # moves when a plan input shared by every job changes
         self._epoch_key: tuple[object, ...] | None = None
         self._warned = False
@@ -137,6 +149,7 @@ class Reconciler:
         """Drop everything remembered across ticks: the next tick loads every job and
         plans every job (call it when leadership was lost and taken again)."""
         self._memos = {}
+        self._validated = {}
         self._loaded = False
         self._epoch_key = None
 
@@ -169,24 +182,27 @@ class Reconciler:
     async def _tick(self, report: TickReport) -> None:
         now = self.now()
         t0 = time.perf_counter()
-        loaded = self._load(report)
-        report.tracked = len(loaded)
-        self.metrics.tracked.set(len(loaded))
+        memos = self._track(report)
+        report.tracked = len(memos)
+        self.metrics.tracked.set(len(memos))
         report.timings["load"] = time.perf_counter() - t0
-        valid = [j for j in loaded if j.state.spec is not None]
 
         t0 = time.perf_counter()
         live: dict[str, list[ObjectObs]] = {}
-        if valid:
+        # the rows not validated yet are asked for too (their observations are ignored
+        # if they turn out invalid); a malformed id never reaches the adapter
+        wanted = [job_id for job_id, memo in memos.items()
+                  if memo.valid or (memo.valid is None and is_job_id(job_id))]
+        if wanted:
             try:
-                live = await self.adapter.find_many([j.state.job_id for j in valid])
+                live = await self.adapter.find_many(wanted)
             except (TransientError, ProtocolError) as exc:
                 report.slurm_ok = False
                 report.errors.append(f"live read: {exc}")
                 self.metrics.slurm_up.set(0)
                 log.warning("slurm live read failed; no job changes this tick",
                             extra={"error": str(exc)})
-                self._save_rejections(loaded, now)
+                self._save_rejections(now)
                 return
         self.metrics.slurm_up.set(1)
         report.timings["read"] = time.perf_counter() - t0
@@ -196,7 +212,10 @@ class Reconciler:
         ctx = PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
                           adopt_window_s=self.settings.adopt_window_s, down_nodes=down)
         epoch = self._plan_epoch(ctx)
-        todo = self._unsettled(loaded, live, now, epoch, report)
+        todo = self._unsettled(live, now, epoch, report)
+        chunk = max(1, self.settings.plan_chunk)
+        if len(todo) <= chunk:  # the usual tick: a few jobs, read in full at once
+            todo = self._with_rows(todo, report)
         report.timings["select"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -205,33 +224,42 @@ class Reconciler:
         self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] += time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        plans: list[tuple[repo.LoadedJob, Plan]] = []
-        outcomes: list[tuple[_Todo, Plan | None]] = []
-        for item in todo:
-            job = item.job
-            try:
-                cur = job.state.current
-                acct_obs = acct.get(cur.ref) if cur and cur.ref else None
-                observed = Observed(live=item.live, accounting=acct_obs, accounting_ok=acct_ok)
-                p = plan(job.state, observed, ctx)
-            except Exception as exc:  # one job's bug never stops the others
-                log.exception("planning failed", extra={"job": job.state.job_id})
-                report.errors.append(f"{job.state.job_id}: plan: {exc}")
-                outcomes.append((item, None))
-                continue
-            plans.append((job, p))
-            outcomes.append((item, p))
-        report.planned = len(plans)
-        report.timings["plan"] = time.perf_counter() - t0
+        report.timings["plan"] = report.timings["store"] = 0.0
+        self._carried = {}
+        acting: list[tuple[repo.LoadedJob, Plan]] = []
+        for start in range(0, len(todo), chunk):
+            t0 = time.perf_counter()
+            part = self._with_rows(todo[start:start + chunk], report)
+            plans: list[tuple[repo.LoadedJob, Plan]] = []
+            outcomes: list[tuple[_Todo, Plan | None]] = []
+            for item in part:
+                job = item.row
+                assert job is not None
+                try:
+                    cur = job.state.current
+                    acct_obs = acct.get(cur.ref) if cur and cur.ref else None
+                    observed = Observed(live=tuple(item.seen), accounting=acct_obs,
+                                        accounting_ok=acct_ok)
+                    p = plan(job.state, observed, ctx)
+                except Exception as exc:  # one job's bug never stops the others
+                    log.exception("planning failed", extra={"job": job.state.job_id})
+                    report.errors.append(f"{job.state.job_id}: plan: {exc}")
+                    outcomes.append((item, None))
+                    continue
+                plans.append((job, p))
+                outcomes.append((item, p))
+            report.planned += len(plans)
+            report.timings["plan"] += time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        written = self._commit_plans(plans, now) if plans else set()
-        self._remember(outcomes, written, ctx, epoch)
-        report.timings["store"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            written = self._commit_plans(plans, now) if plans else set()
+            self._remember(outcomes, written, ctx, epoch)
+            acting.extend((job, p) for job, p in plans if p.actions)
+            report.timings["store"] += time.perf_counter() - t0
 
+        self._validated = self._carried
         t0 = time.perf_counter()
-        await self._apply(plans, report, now)
+        await self._apply(acting, report, now)
         report.timings["apply"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self._refresh_gauges(now)
@@ -239,51 +267,42 @@ class Reconciler:
 
     # ------------------------------------------------------------ incremental state
 
-    def _load(self, report: TickReport) -> list[repo.LoadedJob]:
-        """Every tracked job: the remembered ones whose rows did not move, the others
-        read in full (all of them on the first tick, or while versions are not kept)."""
-        cluster = self.adapter.cluster
+    def _track(self, report: TickReport) -> dict[str, _Memo]:
+        """The tracked jobs, by id: the remembered ones whose rows did not move, and a
+        fresh ``_Memo`` (nothing known, planned this tick) for every other one."""
         with self.store.transaction() as tx:
-            incremental = self._loaded and repo.row_versions_maintained(tx)
-            if not incremental:
-                loaded = repo.load_tracked(tx, cluster, cache=_validated(
-                    self._memos, self._memos.keys()))
-                self._memos = {j.state.job_id: _Memo(j) for j in loaded}
-                self._loaded = repo.row_versions_maintained(tx)
-                if not self._loaded and not self._warned:
-                    self._warned = True
-                    log.warning("the row version triggers of migration 0002 are missing: "
-                                "every job is loaded and planned every tick")
-                report.full_load = True
-                report.reloaded = len(loaded)
-                return loaded
-            memos = self._memos
-            seen = 0
-            stale: list[str] = []
-            for job_id, version, status_version in repo.tracked_versions(tx):
-                memo = memos.get(job_id)
-                if memo is None:
-                    stale.append(job_id)
-                    continue
-                seen += 1
-                memo.seen = True
-                job = memo.job
-                if (status_version is None or job.version != version
-                        or job.status_version != status_version):
-                    stale.append(job_id)
-            fresh = repo.load_tracked(tx, cluster, cache=_validated(memos, stale), ids=stale)
-        report.reloaded = len(fresh)
-        if seen != len(memos):  # some finished or were deleted
-            for job_id in [k for k, memo in memos.items() if not memo.seen]:
+            if self._versions_kept is None or not self._loaded:
+                self._versions_kept = repo.row_versions_maintained(tx)
+            elif not repo.row_versions_maintained(tx):
+                self._versions_kept = False
+            if not self._versions_kept and not self._warned:
+                self._warned = True
+                log.warning("the row version triggers of migration 0002 are missing: "
+                            "every job is read and planned every tick")
+            rows = repo.tracked_versions(tx)
+        memos = self._memos
+        if not self._loaded or not self._versions_kept:
+            report.full_load = True
+            self._memos = {job_id: _Memo(version, status_version)
+                           for job_id, version, status_version in rows}
+            self._loaded = True
+            return self._memos
+        before = len(memos)
+        known = 0
+        remembered = memos.get
+        for job_id, version, status_version in rows:
+            memo = remembered(job_id)
+            if memo is None:
+                memos[job_id] = _Memo(version, status_version)
+                continue
+            known += 1
+            if (status_version is None or memo.version != version
+                    or memo.status_version != status_version):
+                memos[job_id] = _Memo(version, status_version)
+        if known != before:  # some finished or were deleted
+            for job_id in memos.keys() - {row[0] for row in rows}:
                 del memos[job_id]
-        for memo in memos.values():
-            memo.seen = False
-        for job in fresh:
-            memos[job.state.job_id] = _Memo(job)
-        if len(fresh) < len(stale):  # left the tracked set between the two reads
-            for job_id in set(stale).difference(j.state.job_id for j in fresh):
-                memos.pop(job_id, None)
-        return [memo.job for memo in memos.values()]
+        return memos
 
     def _plan_epoch(self, ctx: PlanContext) -> int:
         """A number that moves whenever a plan input shared by every job changes."""
@@ -293,25 +312,51 @@ class Reconciler:
             self._epoch_key = key
         return self._epoch
 
-    def _unsettled(self, loaded: Sequence[repo.LoadedJob], live: dict[str, list[ObjectObs]],
-                   now: int, epoch: int, report: TickReport) -> list[_Todo]:
+    def _unsettled(self, live: dict[str, list[ObjectObs]], now: int, epoch: int,
+                   report: TickReport) -> list[_Todo]:
         """The jobs to plan this tick: all but those whose last plan was quiet and whose
         inputs are unchanged and clock triggers not due (module docstring)."""
-        memos = self._memos
         todo: list[_Todo] = []
         skipped = 0
-        for job in loaded:
-            job_id = job.state.job_id
-            seen = tuple(live.get(job_id, ()))
-            memo = memos[job_id]
-            if (memo.quiet is not None and memo.job is job and memo.epoch == epoch
-                    and memo.planned_at <= now < memo.recheck_at and memo.quiet == seen):
+        observed = live.get
+        for job_id, memo in self._memos.items():
+            seen = observed(job_id, _NO_OBS)
+            quiet = memo.quiet
+            if (quiet is not None and memo.epoch == epoch
+                    and memo.planned_at <= now < memo.recheck_at and quiet == seen):
                 skipped += 1
                 continue
             memo.quiet = None  # planned now: quiet again only once this plan proves it
-            todo.append(_Todo(job, memo, seen))
+            todo.append(_Todo(job_id, memo, seen))
         report.skipped = skipped
         return todo
+
+    def _with_rows(self, todo: list[_Todo], report: TickReport) -> list[_Todo]:
+        """``todo`` with each job's row read in full; a job whose row left the tracked
+        set since (finished by another writer, deleted) is dropped, and forgotten."""
+        missing = [item.job_id for item in todo if item.row is None]
+        if not missing:
+            return todo
+        with self.store.transaction() as tx:
+            rows = {job.state.job_id: job
+                    for job in repo.load_tracked(tx, self.adapter.cluster, ids=missing,
+                                                 cache=self._validated)}
+        report.reloaded += len(rows)
+        kept: list[_Todo] = []
+        for item in todo:
+            if item.row is None:
+                job = rows.get(item.job_id)
+                if job is None:
+                    self._memos.pop(item.job_id, None)
+                    continue
+                item.row = job
+                memo = item.memo
+                # the row as read now is what this tick plans (it may have moved again
+                # since the versions were read: then the next tick plans it once more)
+                memo.version, memo.status_version = job.version, job.status_version
+                memo.valid = job.state.spec is not None
+            kept.append(item)
+        return kept
 
     def _remember(self, outcomes: Sequence[tuple[_Todo, Plan | None]], written: set[str],
                   ctx: PlanContext, epoch: int) -> None:
@@ -321,19 +366,24 @@ class Reconciler:
             memo = item.memo
             memo.planned_at = ctx.now
             memo.epoch = epoch
-            if p is None:
+            job = item.row
+            item.row = None  # only _Memo is kept across ticks
+            if p is None or job is None:
                 memo.gauge = None
                 continue
             memo.gauge = _gauge(p.status)
-            job = item.job
             if (p.actions or p.submissions or p.events or item.needs_accounting
-                    or job.state.spec is None or not job.has_status
-                    or job.state.job_id in written):
+                    or not memo.valid or not job.has_status
+                    or item.job_id in written):
+                state = job.state
+                if state.spec is not None:  # planned again next tick: not parsed again
+                    self._carried[item.job_id] = (job.version,
+                                                  (state.spec, state.policy, state.desired))
                 continue
-            spread = zlib.crc32(job.state.job_id.encode()) % replan_s
-            memo.recheck_at = min(_recheck_at(job.state, item.live, ctx),
+            spread = zlib.crc32(item.job_id.encode()) % replan_s
+            memo.recheck_at = min(_recheck_at(job.state, item.seen, ctx),
                                   ctx.now + replan_s + spread)
-            memo.quiet = item.live
+            memo.quiet = item.seen
 
     # ------------------------------------------------------------ reads
 
@@ -342,15 +392,26 @@ class Reconciler:
         """One sacct read for current objects that are not in squeue any more (of the jobs
         planned this tick: a job whose current object is missing is never skipped)."""
         missing: list[ObjectRef] = []
-        for item in todo:
-            job = item.job
-            cur = job.state.current
-            if job.state.spec is None or cur is None or cur.ref is None:
-                continue
-            ref = cur.ref
-            if not any(same_object(ref, o) for o in item.live):
-                item.needs_accounting = True
-                missing.append(ref)
+        chunk = max(1, self.settings.plan_chunk)
+        for start in range(0, len(todo), chunk):
+            part = todo[start:start + chunk]
+            refs: dict[str, ObjectRef | None] = {}
+            unread = [item.job_id for item in part if item.row is None]
+            if unread:  # many jobs to plan: their refs alone, not their rows
+                with self.store.transaction() as tx:
+                    refs = repo.current_refs(tx, self.adapter.cluster, unread)
+            for item in part:
+                if item.row is not None:
+                    state = item.row.state
+                    cur = state.current
+                    ref = cur.ref if cur is not None and state.spec is not None else None
+                else:
+                    ref = refs.get(item.job_id)
+                if ref is None:
+                    continue
+                if not any(same_object(ref, o) for o in item.seen):
+                    item.needs_accounting = True
+                    missing.append(ref)
         if not missing:
             return {}, True
         since = min(r.submit for r in missing) - 60
@@ -364,17 +425,28 @@ class Reconciler:
 
     # ------------------------------------------------------------ writes
 
-    def _save_rejections(self, loaded: Sequence[repo.LoadedJob], now: int) -> None:
-        """Even when Slurm is unreachable, bad rows are marked rejected (no Slurm needed)."""
-        rejected = [j for j in loaded if j.state.spec is None]
-        if not rejected:
-            return
-        with self.store.transaction() as tx:
-            for job in rejected:
-                if repo.save_status(tx, job.state, exists=job.has_status, now=now,
-                                    reject_reason=job.reject_reason, previous=job.previous):
-                    repo.add_event(tx, job.state.job_id, "Rejected", job.reject_reason, now=now)
-                    self.metrics.endings.labels(phase="rejected", cause="invalid").inc()
+    def _save_rejections(self, now: int) -> None:
+        """Even when Slurm is unreachable, bad rows are marked rejected (no Slurm needed):
+        the rows not validated yet are read, a chunk at a time."""
+        unchecked = [job_id for job_id, memo in self._memos.items() if memo.valid is None]
+        chunk = max(1, self.settings.plan_chunk)
+        for start in range(0, len(unchecked), chunk):
+            with self.store.transaction() as tx:
+                loaded = repo.load_tracked(tx, self.adapter.cluster,
+                                           ids=unchecked[start:start + chunk])
+                for job in loaded:
+                    memo = self._memos.get(job.state.job_id)
+                    if memo is not None and (memo.version, memo.status_version) == (
+                            job.version, job.status_version):
+                        memo.valid = job.state.spec is not None  # not read again
+                    if job.state.spec is not None:
+                        continue
+                    if repo.save_status(tx, job.state, exists=job.has_status, now=now,
+                                        reject_reason=job.reject_reason,
+                                        previous=job.previous):
+                        repo.add_event(tx, job.state.job_id, "Rejected", job.reject_reason,
+                                       now=now)
+                        self.metrics.endings.labels(phase="rejected", cause="invalid").inc()
 
     def _commit_plans(self, plans: Sequence[tuple[repo.LoadedJob, Plan]],
                       now: int) -> set[str]:
@@ -514,15 +586,13 @@ class Reconciler:
         states: CountOf[str] = CountOf()
         stale = 0
         pending_since: int | None = None
-        for memo in self._memos.values():
-            gauge = memo.gauge
-            if gauge is None:
-                continue
-            label, is_stale, since = gauge
+        # most jobs share one of a few gauge tuples (``_gauge``): count those first
+        for (label, is_stale, since), count in CountOf(
+                m.gauge for m in self._memos.values() if m.gauge is not None).items():
             if label is not None:
-                states[label] += 1
+                states[label] += count
             if is_stale:
-                stale += 1
+                stale += count
             if since is not None and (pending_since is None or since < pending_since):
                 pending_since = since
         self.metrics.set_object_counts(states)
@@ -538,37 +608,32 @@ class Reconciler:
 
 @dataclass(slots=True)
 class _Memo:
-    """What the reconciler remembers of one tracked job between ticks."""
+    """What the reconciler keeps of one tracked job between ticks: what deciding to skip
+    it needs, and its share of the gauges. Its row is read again when it is planned."""
 
-    job: repo.LoadedJob  # as loaded; replaced when its row versions move
-    quiet: tuple[ObjectObs, ...] | None = None  # the live observations of a quiet last plan
+    version: int  # jobs.version of the row it was planned from
+    status_version: int | None  # job_status.version (None: no status row yet)
+    valid: bool | None = None  # the row passed validation; None: not read yet
+    # the live observations of the last plan, when that plan was quiet (else None)
+    quiet: Sequence[ObjectObs] | None = None
     recheck_at: int = 0  # a quiet plan holds until then (``_recheck_at``)
     planned_at: int = 0
     epoch: int = 0
     gauge: tuple[str | None, bool, int | None] | None = None  # see ``_gauge``
-    seen: bool = False  # in this tick's tracked set (``_load``)
-
-
-def _validated(memos: dict[str, _Memo], job_ids: Iterable[str]) -> repo.SpecCache:
-    """The validated rows the reconciler already holds for ``job_ids``: a row reloaded
-    for its status alone (same jobs.version) is not parsed and validated again."""
-    cache: repo.SpecCache = {}
-    for job_id in job_ids:
-        memo = memos.get(job_id)
-        if memo is not None and memo.job.state.spec is not None:
-            state = memo.job.state
-            cache[job_id] = (memo.job.version, (state.spec, state.policy, state.desired))
-    return cache
 
 
 @dataclass(slots=True)
 class _Todo:
     """A job to plan this tick."""
 
-    job: repo.LoadedJob
+    job_id: str
     memo: _Memo
-    live: tuple[ObjectObs, ...]
+    seen: Sequence[ObjectObs]  # its live observations, as find_many returned them
+    row: repo.LoadedJob | None = None  # read in full just before it is planned
     needs_accounting: bool = False  # its current object is not in squeue
+
+
+_NO_OBS: tuple[ObjectObs, ...] = ()
 
 
 def _gauge(st: JobState) -> tuple[str | None, bool, int | None] | None:

@@ -129,9 +129,9 @@ _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
 _PARSABLE = re.compile(r"([0-9]+)(?:;(\S+))?")
 _VERSION = re.compile(r"(?:slurm(?:-wlm)?\s+)?([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
 
-# find_many's memory of one squeue row: (observation or None for another user's job,
-# the second it was classified, the second from which it may no longer hold).
-_RowMemo = tuple[ObjectObs | None, int, int]
+# find_many's memory of one squeue row: (its job id, its observation or None for another
+# user's job, the second it was classified, the second from which it may no longer hold).
+_RowMemo = tuple[str, ObjectObs | None, int, int]
 _FOREVER: Final = 2**63
 
 # Where an ended record of accounting continues as the same Slurm job (a requeue).
@@ -534,6 +534,7 @@ class SlurmAdapter:
         self._kick_scheduled = False
         self._flushes: set[asyncio.Task[None]] = set()
         self._live_rows: dict[str, _RowMemo] = {}  # find_many's rows of the last read
+        self._valid_ids: list[str] = []  # find_many's ids of the last call (checked)
 
     # ------------------------------------------------------------ commands
 
@@ -794,18 +795,22 @@ class SlurmAdapter:
         that was still ahead then and is not now, or a clock that went back (see
         ``_classified_rows``). Only the rows of the last read are remembered.
         """
-        wanted = {naming.discovery_name(job_id): job_id for job_id in job_ids}
-        found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in job_ids}
-        if not wanted:
-            return found
-        for obs in await self._classified_rows(names=wanted.keys()):
-            found[wanted[obs.ref.uid]].append(obs)
+        ids = list(job_ids)
+        if ids != self._valid_ids:  # usually the very same ids as the last call's
+            for job_id in set(ids).difference(self._valid_ids):
+                naming.discovery_name(job_id)  # ErrInvalid for a malformed id, as ever
+            self._valid_ids = ids
+        found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in ids}
+        if ids:
+            await self._classified_rows(found)
         return found
 
-    async def _classified_rows(self, *, names: Collection[str]) -> list[ObjectObs]:
-        """``[classify(job) for job in _read_mine(names=names)]``, reusing the previous
-        read's observation of each byte-identical row while it still holds: parsing and
-        classifying 100k rows every tick would cost more than everything else together.
+    async def _classified_rows(self, found: dict[str, list[ObjectObs]]) -> None:
+        """Append to ``found[job id]`` the observation of each row of ours that
+        ``_read_mine(names=<the names of found's ids>)`` would return, reusing the
+        previous read's observation of each byte-identical row while it still holds:
+        parsing and classifying 100k rows every tick would cost more than everything else
+        together.
 
         A row's observation depends on the clock only through ``classify``'s comparisons
         of the start and end times with ``now`` (Slurm's estimates are None, a preemption
@@ -816,38 +821,41 @@ class SlurmAdapter:
         argv = ["squeue", "-h", "--me", "--states=all", "-O", dialects.SQUEUE_TEXT_FORMAT]
         result = await self._checked_run(argv, "squeue --me")
         now = self._now()
-        before = self._live_rows
+        before = self._live_rows.get
         remembered: dict[str, _RowMemo] = {}
-        out: list[ObjectObs] = []
+        wanted = found.get
         for line in result.stdout.splitlines():
-            memo = before.get(line)
-            if memo is None or not memo[1] <= now < memo[2]:
+            memo = before(line)
+            if memo is None or not memo[2] <= now < memo[3]:
                 match = _OUR_ROW.match(line)
                 if match is None or naming.job_id_of_name(match.group(2)) is None:
                     continue
-                if match.group(2) not in names:
+                if match.group(2)[len(naming.NAME_PREFIX):] not in found:
                     continue
                 memo = self._classify_row(line, now)
             remembered[line] = memo
-            obs = memo[0]
-            if obs is not None and obs.ref.uid in names:
-                out.append(obs)
+            obs = memo[1]
+            if obs is not None:
+                into = wanted(memo[0])
+                if into is not None:
+                    into.append(obs)
         self._live_rows = remembered
-        return out
 
     def _classify_row(self, line: str, now: int) -> _RowMemo:
-        """One squeue row of ours: its observation (None: another user's job), the second
-        it was made, and the second from which it may no longer hold."""
+        """One squeue row of ours: its job id, its observation (None: another user's job),
+        the second it was made, and the second from which it may no longer hold."""
+        name = ""
         obs = None
         until = _FOREVER
         for job in dialects.parse_squeue_text(line + "\n"):
             if job.user != self.user:
                 continue
+            name = job.name[len(naming.NAME_PREFIX):]
             obs = classify(job, source=Source.LIVE, cluster=self.cluster, now=now)
             for moment in (job.start_time, job.end_time):
                 if moment is not None and now < moment < until:
                     until = moment
-        return obs, now, until
+        return name, obs, now, until
 
     async def inspect(self, ref: ObjectRef) -> ObjectObs:
         """The object ``ref`` names, from squeue, or from sacct once it has left squeue.

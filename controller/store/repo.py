@@ -411,11 +411,8 @@ def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
             continue
         current = None
         if row.current_submission is not None:
-            ref = None
-            if row.slurm_job_id is not None and row.slurm_submit is not None:
-                ref = ObjectRef(row.cluster or cluster, "dj-" + job_id, row.slurm_job_id,
-                                row.slurm_submit)
-            current = Current(row.current_submission, row.attempt, row.current_since or 0, ref)
+            current = Current(row.current_submission, row.attempt, row.current_since or 0,
+                              _current_ref(row, job_id, cluster))
         out.append(LoadedJob(JobState(
             job_id=job_id, generation=row.generation, desired=desired, spec=spec,
             policy=policy, phase=Phase(row.phase), submission=row.submission,
@@ -433,6 +430,31 @@ def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
             outputs_verified=bool(row.outputs_verified),
         ), previous=row_digest(row[_SAVED_FIRST:end]), version=row.version,
             status_version=row.sv))
+    return out
+
+
+def _current_ref(row: Any, job_id: str, cluster: str) -> ObjectRef | None:
+    """The ref of the status row's current object (None: an intent not adopted yet)."""
+    if row.slurm_job_id is None or row.slurm_submit is None:
+        return None
+    return ObjectRef(row.cluster or cluster, "dj-" + job_id, row.slurm_job_id,
+                     row.slurm_submit)
+
+
+def current_refs(tx: Session, cluster: str,
+                 ids: Collection[str]) -> dict[str, ObjectRef | None]:
+    """The current object's ref of each tracked job of ``ids``, exactly as
+    ``load_tracked`` would put it in ``JobState.current`` (None: no current object, or an
+    intent): what the tick needs before one accounting read, without loading the jobs."""
+    query = (select(Job.id, JobStatus.current_submission, JobStatus.slurm_job_id,
+                    JobStatus.slurm_submit, JobStatus.cluster)
+             .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
+    wanted = list(ids)
+    out: dict[str, ObjectRef | None] = {}
+    for start in range(0, len(wanted), _IN_CHUNK):
+        for row in tx.execute(query.where(Job.id.in_(wanted[start:start + _IN_CHUNK]))):
+            out[row.id] = (None if row.current_submission is None
+                           else _current_ref(row, row.id, cluster))
     return out
 
 
