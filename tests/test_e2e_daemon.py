@@ -274,5 +274,8 @@ def test_expected_outputs_checked_after_success(cluster: dict[str, str], tmp_pat
     assert final[good]["phase"] == "succeeded"
     assert (final[bad]["phase"], final[bad]["cause"], final[bad]["attempt"]) == (
         "failed", "missing-output", 1)
+    # records reach slurmdbd seconds after the event
+    wait_for(lambda: len(sacct_records({"dj-" + bad})) >= 2, timeout=60,
+             what="accounting to record both submissions")
     records = sacct_records({"dj-" + bad})
     assert len(records) == 2 and all(r.state == "COMPLETED" for r in records)

@@ -337,10 +337,12 @@ class Reconciler:
         missing = [item.job_id for item in todo if item.row is None]
         if not missing:
             return todo
+        known = self._validated  # (load_tracked adds to the cache it is given: a copy)
+        cache = {job_id: known[job_id] for job_id in missing if job_id in known}
         with self.store.transaction() as tx:
             rows = {job.state.job_id: job
                     for job in repo.load_tracked(tx, self.adapter.cluster, ids=missing,
-                                                 cache=self._validated)}
+                                                 cache=cache)}
         report.reloaded += len(rows)
         kept: list[_Todo] = []
         for item in todo:

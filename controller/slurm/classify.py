@@ -223,7 +223,7 @@ def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
         ref=ObjectRef(cluster=job.cluster if cluster is None else cluster, uid=job.name,
                       id=job.job_id, submit=job.submit_time or 0),
         state=state,
-        cause=Cause(rule.cause, rule.provenance, rule.detail(facts)),
+        cause=_cause(rule, rule.detail(facts)),
         submission=submission,
         attempt=attempt,
         foreign=foreign,
@@ -241,6 +241,21 @@ def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
         time_limit_s=job.time_limit_s,
         eligible=job.eligible_time,
     )
+
+
+_PLAIN_CAUSES: dict[tuple[CauseKind, Provenance], Cause] = {}  # detail-less, shared
+
+
+def _cause(rule: Rule, detail: str) -> Cause:
+    """The rule's cause; one shared object per rule when there is no detail (most
+    observations), which a controller holding 100k of them notices."""
+    if detail:
+        return Cause(rule.cause, rule.provenance, detail)
+    key = (rule.cause, rule.provenance)
+    cause = _PLAIN_CAUSES.get(key)
+    if cause is None:
+        cause = _PLAIN_CAUSES[key] = Cause(rule.cause, rule.provenance, "")
+    return cause
 
 
 def matching_rule(job: SlurmJob, *, source: Source | str = Source.LIVE,
