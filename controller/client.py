@@ -13,8 +13,8 @@ from typing import Any
 
 from controller.errors import ErrInvalid, ErrNotFound
 from controller.model.ids import new_job_id, parse_job_id
-from controller.reconcile.plan import TERMINAL_PHASES, Desired
-from controller.reconcile.policy import parse_policy
+from controller.model.job import TERMINAL_PHASES, Desired
+from controller.model.policy import parse_policy
 from controller.store import repo
 from controller.store.db import Store
 
@@ -78,7 +78,9 @@ class Client:
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 1.0,
              on_change: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Block until the job reaches a terminal phase (or ``timeout``: TimeoutError)."""
+        """Block until the job reaches a terminal phase (or ``timeout``: TimeoutError).
+        The view's ``warning`` tells a failure under ``on_exhausted: warn`` (the workflow
+        may go on) from any other failure."""
         deadline = None if timeout is None else self.clock() + timeout
         last: tuple[Any, ...] | None = None
         while True:

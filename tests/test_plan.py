@@ -6,16 +6,13 @@ from dataclasses import replace
 
 import pytest
 
+from controller.model.job import Current, Desired, JobState, Phase
 from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, Source, State
 from controller.model.spec import parse_job_document
 from controller.reconcile.plan import (
     Cancel,
-    Current,
-    Desired,
     Hold,
-    JobState,
     Observed,
-    Phase,
     PlanContext,
     Release,
     Submit,
@@ -105,8 +102,10 @@ def kinds(actions: tuple[object, ...]) -> list[str]:
                                                    submission=None))),
                  [], Phase.RUNNING, id="foreign-never-touched"),
     pytest.param(running_job(), Observed(), [], Phase.PENDING, id="missing-is-unknown-not-done"),
-    pytest.param(running_job(unknown_since=NOW - 400), Observed(), [], Phase.FAILED,
-                 id="unknown-past-grace-ends-unknown"),
+    pytest.param(running_job(unknown_since=NOW - 400), Observed(accounting_ok=False), [],
+                 Phase.FAILED, id="unknown-past-grace-without-accounting-ends-unknown"),
+    pytest.param(running_job(unknown_since=NOW - 400), Observed(), [], Phase.PENDING,
+                 id="absent-past-grace-with-accounting-is-lost-and-resubmitted"),
     pytest.param(running_job(), Observed(accounting_ok=False), [], Phase.PENDING,
                  id="accounting-down-stays-unknown"),
 ])
@@ -197,7 +196,10 @@ def test_timeout_resubmits_with_more_time_when_asked() -> None:
                                                    "time_factor": 2}}})
     p = plan(running_job(policy=policy, spec=spec),
              Observed(live=(obs(State.ENDED, CauseKind.TIMEOUT),)), CTX)
-    assert p.status.spec is not None and p.status.spec.resources.time_limit_s == 1200
+    assert p.status.spec == spec  # the status keeps the client's spec
+    assert p.status.not_before is not None
+    (submit,) = plan(p.status, Observed(), replace(CTX, now=p.status.not_before)).actions
+    assert isinstance(submit, Submit) and submit.spec.resources.time_limit_s == 1200
 
 
 def test_expected_outputs_verified_before_success() -> None:

@@ -57,6 +57,7 @@ class CauseKind(_TextEnum):
     REQUEUED = "requeued"
     UNRUNNABLE = "unrunnable"
     ADMIN_HOLD = "admin-hold"
+    LOST = "lost"  # the cluster lost the job: acknowledged, then gone, or flushed by Slurm
     UNKNOWN = "unknown"
     # controller-only causes: the adapter never reports these
     NO_CAPACITY = "no-capacity"

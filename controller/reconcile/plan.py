@@ -1,18 +1,40 @@
-"""The pure planner: (desired, status, observed, now) -> new status + actions.
+"""The pure planner: (desired, status, observed, now) -> new status + actions + recheck_at.
 
 No I/O, no awaits, no sessions. The tick (``controller.reconcile.tick``) loads
 ``JobState`` rows, gathers observations with one batched read, calls ``plan`` per job
 and applies the result. Every decision is recomputed from desired + observed state
 (level-triggered); the stored status is only memory of what the controller did
 (submission numbers allocated, budgets spent, the ref it recorded).
+
+``plan`` is the one decider of a job's phase, status and next deadline:
+
+* the outcomes of the tick's actions (sbatch refused or deferred, expected outputs
+  missing or present) come back as observations (``Observed.outcomes``), never as
+  status written by the tick;
+* every comparison with the clock goes through ``_Builder.at``, so the plan also says
+  when its decision may change only because time passed (``Plan.recheck_at``, as
+  controller-runtime's ``RequeueAfter``): planning again before then gives the same
+  plan, up to the clock values the plan writes (condition ``since``, deadlines);
+* ``orphans`` is the sweep of our live Slurm jobs that no tracked record owns.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, replace
 
+from controller.model.job import (
+    PHASE_OF_STATE,
+    TERMINAL_PHASES,
+    Condition,
+    Current,
+    Desired,
+    JobState,
+    Phase,
+    PlannedEvent,
+    SubmissionUpdate,
+)
 from controller.model.obs import (
     Cause,
     CauseKind,
@@ -22,89 +44,28 @@ from controller.model.obs import (
     Source,
     State,
 )
+from controller.model.policy import RecoveryPolicy
 from controller.model.spec import JobSpec
-from controller.reconcile.policy import DEFAULT_POLICY, OnExhausted, RecoveryPolicy, decide
+from controller.reconcile.policy import OnExhausted, decide
 
 
-class Desired(enum.Enum):
-    RUN = "run"
-    HELD = "held"
-    STOPPED = "stopped"
+class OutcomeKind(enum.Enum):
+    """What an action of the last tick found: given to the next plan of the job."""
 
-
-class Phase(enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    HELD = "held"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REJECTED = "rejected"
-
-
-TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED, Phase.REJECTED})
-
-# The phase a live object state shows, before desired state and causes are considered.
-PHASE_OF_STATE: Mapping[State, Phase] = {
-    State.GATED: Phase.PENDING,
-    State.HELD: Phase.HELD,
-    State.PENDING: Phase.PENDING,
-    State.RUNNING: Phase.RUNNING,
-    State.SUSPENDED: Phase.RUNNING,
-}
+    SUBMIT_REFUSED = "submit-refused"  # sbatch refused (ErrInvalid/ErrUnsupported)
+    SUBMIT_DEFERRED = "submit-deferred"  # back-pressure (ErrBackPressure): a submit limit
+    OUTPUTS_MISSING = "outputs-missing"  # expected outputs absent after completion
+    OUTPUTS_PRESENT = "outputs-present"
 
 
 @dataclass(frozen=True, slots=True)
-class Condition:
-    """A Kubernetes-style condition; ``since`` moves only when ``status`` flips."""
+class Outcome:
+    """The result of one action, for the submission (number) it was about."""
 
-    type: str
-    status: bool
-    reason: str
-    message: str
-    since: int
-    observed_generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Current:
-    """The submission the controller considers current. ``ref`` is None for an intent
-    written before sbatch ran, until the object is adopted."""
-
+    kind: OutcomeKind
     submission: int
-    attempt: int
-    created_at: int
-    ref: ObjectRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """One job: the client's desired record plus the controller's status memory."""
-
-    job_id: str
-    generation: int
-    desired: Desired
-    spec: JobSpec | None
-    policy: RecoveryPolicy = DEFAULT_POLICY
-    phase: Phase = Phase.PENDING
-    submission: int = 0  # last submission number allocated
-    attempt: int = 0
-    current: Current | None = None
-    object_state: State | None = None
-    cause: Cause = field(default_factory=Cause)
-    exit_code: int | None = None
-    reason: str = ""
-    nodes: tuple[str, ...] = ()
-    budgets_used: Mapping[str, int] = field(default_factory=dict)
-    excluded_nodes: Mapping[str, int] = field(default_factory=dict)  # node -> until
-    not_before: int | None = None
-    unknown_since: int | None = None
-    hold_instance: int = 0
-    started_at: int | None = None
-    ended_at: int | None = None
-    observed_generation: int = 0
-    conditions: tuple[Condition, ...] = ()
-    outputs_verified: bool = False
+    detail: str = ""
+    paths: tuple[str, ...] = ()  # OUTPUTS_MISSING: the missing paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +75,7 @@ class Observed:
     live: tuple[ObjectObs, ...] = ()  # every squeue object named dj-<this job>
     accounting: ObjectObs | None = None  # the current ref, from sacct, once it left squeue
     accounting_ok: bool = True  # False when sacct failed or is not available
+    outcomes: tuple[Outcome, ...] = ()  # what the last tick's actions found (``Outcome``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,41 +129,50 @@ Action = Submit | Release | Hold | Cancel | VerifyOutputs
 
 
 @dataclass(frozen=True, slots=True)
-class SubmissionUpdate:
-    """Record what was observed (or decided) of one submission row."""
-
-    job_id: str
-    submission: int
-    status: str  # submitted | ended | abandoned | duplicate
-    obs: ObjectObs | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedEvent:
-    job_id: str
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
 class Plan:
     status: JobState
     actions: tuple[Action, ...] = ()
     submissions: tuple[SubmissionUpdate, ...] = ()
     events: tuple[PlannedEvent, ...] = ()
+    # the first second at which planning the same inputs again could decide differently
+    # only because the clock moved; None: never (only a change of the inputs will)
+    recheck_at: int | None = None
 
 
 # ---------------------------------------------------------------- helpers
 
 
 def same_object(ref: ObjectRef, obs: ObjectObs) -> bool:
-    """The identity check of SPEC §2, against an observation."""
+    """The identity check of SPEC §2, against an observation.
+
+    Slurm moves the submit time when it requeues a job: a later submit time is the same
+    object when the restart count says it was requeued, or when the restart count is
+    unknown (``None``: an accounting record, which the adapter matched to ``ref`` by
+    following the requeue chain of ``ref.id``, ``pick_record``)."""
     if obs.ref.id != ref.id or obs.ref.uid != ref.uid:
         return False
     submit = obs.submit if obs.submit is not None else obs.ref.submit
     if submit == ref.submit:
         return True
-    return (obs.restart_count or 0) > 0 and submit >= ref.submit
+    restarts = obs.restart_count
+    return (restarts is None or restarts > 0) and submit >= ref.submit
+
+
+def counts_as_ended(obs: ObjectObs) -> bool:
+    """Whether an object is over. A state word the adapter does not know, read while
+    slurmctld still holds the job (ENDED, cause UNKNOWN, live), is not: it may well run."""
+    return obs.state == State.ENDED and not (
+        obs.cause.kind == CauseKind.UNKNOWN and obs.source == Source.LIVE)
+
+
+def orphans(live_by_job_id: Mapping[str, Sequence[ObjectObs]],
+            tracked_ids: Container[str]) -> list[Cancel]:
+    """Our live Slurm jobs (``dj-`` name and our comment) that no tracked record owns:
+    the late object of an abandoned intent after its job ended, or of a deleted job.
+    Each is cancelled as a duplicate. Foreign objects are never touched."""
+    return [Cancel(job_id, o.ref, CauseKind.DUPLICATE)
+            for job_id, seen in sorted(live_by_job_id.items()) if job_id not in tracked_ids
+            for o in seen if not o.foreign and not counts_as_ended(o)]
 
 
 def set_condition(conditions: Sequence[Condition], *, type_: str, status: bool, reason: str,
@@ -225,24 +196,50 @@ def _drop_condition(conditions: Sequence[Condition], type_: str) -> tuple[Condit
     return tuple(c for c in conditions if c.type != type_)
 
 
-def _adjusted_spec(spec: JobSpec, time_factor: float, memory_factor: float) -> JobSpec:
+_MAX_FACTOR = 1024.0  # time and memory grow at most this much over the spec's
+
+
+def resubmission_spec(spec: JobSpec, policy: RecoveryPolicy,
+                      budgets_used: Mapping[str, int]) -> JobSpec:
+    """The spec a submission runs with: the client's, its time limit and memory multiplied
+    by each cause rule's factors once per resubmission spent on that cause. Derived from
+    persisted state (``budgets_used``) every time, never kept in memory."""
+    time_factor = memory_factor = 1.0
+    for key, used in budgets_used.items():
+        try:
+            rule = policy.rule(CauseKind(key))
+        except ValueError:  # a budget key this version does not know
+            continue
+        steps = min(max(used, 0), 64)
+        time_factor = min(_MAX_FACTOR, time_factor * rule.time_factor ** steps)
+        memory_factor = min(_MAX_FACTOR, memory_factor * rule.memory_factor ** steps)
     res = spec.resources
     if time_factor != 1.0 and res.time_limit_s:
         res = replace(res, time_limit_s=int(res.time_limit_s * time_factor))
     if memory_factor != 1.0 and res.memory_mb:
         res = replace(res, memory_mb=int(res.memory_mb * memory_factor))
-    return replace(spec, resources=res)
+    return spec if res is spec.resources else replace(spec, resources=res)
 
 
 class _Builder:
     """Accumulates one job's plan."""
 
-    def __init__(self, job: JobState, ctx: PlanContext) -> None:
+    def __init__(self, job: JobState, ctx: PlanContext,
+                 outcomes: Sequence[Outcome] = ()) -> None:
         self.job = job
+        self.original = job  # the status as loaded, before this plan changed it
         self.ctx = ctx
+        self.outcomes = outcomes
         self.actions: list[Action] = []
         self.submissions: list[SubmissionUpdate] = []
         self.events: list[PlannedEvent] = []
+        self.due: int | None = None  # the earliest clock trigger seen (``at``)
+
+    def at(self, moment: int) -> None:
+        """A comparison with the clock flips at ``moment``: every rule that compares
+        ``ctx.now`` with a time calls this, so ``Plan.recheck_at`` is exact."""
+        if moment > self.ctx.now and (self.due is None or moment < self.due):
+            self.due = moment
 
     def event(self, kind: str, message: str) -> None:
         self.events.append(PlannedEvent(self.job.job_id, kind, message))
@@ -255,8 +252,17 @@ class _Builder:
             self.job.conditions, type_=type_, status=status, reason=reason, message=message,
             now=self.ctx.now, generation=self.job.generation))
 
+    def outcome(self, kinds: Container[OutcomeKind]) -> Outcome | None:
+        """The last outcome of ``kinds`` about the current submission."""
+        cur = self.job.current
+        if cur is None:
+            return None
+        found = [o for o in self.outcomes if o.kind in kinds and o.submission == cur.submission]
+        return found[-1] if found else None
+
     def build(self) -> Plan:
-        return Plan(self.job, tuple(self.actions), tuple(self.submissions), tuple(self.events))
+        return Plan(self.job, tuple(self.actions), tuple(self.submissions), tuple(self.events),
+                    recheck_at=self.due)
 
 
 # ---------------------------------------------------------------- the planner
@@ -264,12 +270,12 @@ class _Builder:
 
 def plan(job: JobState, observed: Observed, ctx: PlanContext) -> Plan:
     """Compute the next status and the actions for one job. Pure."""
-    b = _Builder(job, ctx)
+    b = _Builder(job, ctx, observed.outcomes)
+    ours = [o for o in observed.live if not o.foreign]
     if job.spec is None or job.phase == Phase.REJECTED:
-        b.update(phase=Phase.REJECTED)
+        _reject(b, ours)
         return b.build()
 
-    ours = [o for o in observed.live if not o.foreign]
     foreign = [o for o in observed.live if o.foreign]
     if foreign:
         b.condition("ForeignObjects", True, "NameCollision",
@@ -282,6 +288,7 @@ def plan(job: JobState, observed: Observed, ctx: PlanContext) -> Plan:
     if seen and max(seen) > b.job.submission:
         b.update(submission=max(seen))
 
+    _submit_outcome(b)
     _adopt(b, ours)
     current_obs = _current_observation(b, ours, observed)
     _cancel_duplicates(b, ours)
@@ -292,6 +299,79 @@ def plan(job: JobState, observed: Observed, ctx: PlanContext) -> Plan:
         _maybe_submit(b)
     b.update(observed_generation=b.job.generation)
     return b.build()
+
+
+def _reject(b: _Builder, ours: Sequence[ObjectObs]) -> None:
+    """An invalid row (spec, policy or desired written by plain SQL): the job is rejected,
+    but its Slurm jobs are not forgotten. Its ref stays recorded, and we cannot run a job
+    whose spec is invalid: a live object of ours is held when desired says held (if it is
+    still pending), else cancelled."""
+    job = b.job
+    b.update(phase=Phase.REJECTED)
+    instance = job.hold_instance
+    for obs in ours:
+        if counts_as_ended(obs):
+            continue
+        if job.desired == Desired.HELD:
+            if obs.state == State.PENDING:
+                instance += 1
+                b.update(hold_instance=instance)
+                b.actions.append(Hold(job.job_id, obs.ref, instance))
+                b.event("Holding", f"rejected row: holding Slurm job {obs.ref.id}")
+            continue
+        b.actions.append(Cancel(job.job_id, obs.ref, CauseKind.CANCELLED))
+        b.event("Cancelling", f"rejected row: cancelling Slurm job {obs.ref.id}")
+
+
+def _submit_refused(b: _Builder, outcome: Outcome) -> None:
+    """sbatch refused the submission (bad partition, policy): the job fails with it."""
+    b.update(current=None, phase=Phase.FAILED, object_state=None,
+             cause=Cause(CauseKind.UNRUNNABLE, Provenance.SLURM, outcome.detail[:500]))
+    b.event("Failed", f"Slurm refused submission {outcome.submission}: "
+                      f"{outcome.detail}".strip()[:2000])
+
+
+def _submit_deferred(b: _Builder, outcome: Outcome) -> None:
+    """A submit limit (back-pressure): nothing was created. The job stays pending, spends
+    no budget, and tries again after a backoff that doubles while the limit lasts (the
+    wait is as long as the deferral streak so far, within the policy's backoff bounds)."""
+    job, now = b.job, b.ctx.now
+    policy = job.policy
+    streak = next((c.since for c in job.conditions
+                   if c.type == "SubmitDeferred" and c.status), now)
+    delay = min(policy.backoff_max_s, max(policy.backoff_initial_s, 1, now - streak))
+    b.condition("SubmitDeferred", True, "BackPressure", outcome.detail[:500])
+    b.update(current=None, not_before=now + delay,
+             phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING)
+    b.event("SubmitDeferred", f"submission {outcome.submission} deferred for {delay}s: "
+                              f"{outcome.detail}".strip()[:2000])
+
+
+_SUBMIT_OUTCOMES = {
+    OutcomeKind.SUBMIT_REFUSED: _submit_refused,
+    OutcomeKind.SUBMIT_DEFERRED: _submit_deferred,
+}
+
+
+def _submit_outcome(b: _Builder) -> None:
+    """sbatch answered the current intent's Submit without creating anything: the intent
+    is abandoned, and the outcome decides what follows (``_SUBMIT_OUTCOMES``)."""
+    cur = b.job.current
+    outcome = b.outcome(_SUBMIT_OUTCOMES)
+    if outcome is None or cur is None or cur.ref is not None:
+        return
+    b.submissions.append(SubmissionUpdate(b.job.job_id, cur.submission, "abandoned"))
+    b.update(abandoned=b.job.abandoned | {cur.submission})
+    _SUBMIT_OUTCOMES[outcome.kind](b, outcome)
+
+
+def _abandoned(job: JobState, obs: ObjectObs) -> bool:
+    """A late object of an abandoned intent: never adopted (nor released). Its submission
+    row says so; and with no current submission, a still gated object of a submission
+    already allocated can only be one (a recorded object is released or followed)."""
+    n = obs.submission
+    return n is not None and (n in job.abandoned or (
+        obs.state == State.GATED and job.current is None and n <= job.submission))
 
 
 def _adopt(b: _Builder, ours: Sequence[ObjectObs]) -> None:
@@ -310,10 +390,14 @@ def _adopt(b: _Builder, ours: Sequence[ObjectObs]) -> None:
             b.submissions.append(SubmissionUpdate(job.job_id, job.current.submission,
                                                   "abandoned"))
             b.event("Abandoned", f"submission {job.current.submission} never reached Slurm")
-            b.update(current=None)
+            b.update(current=None, abandoned=job.abandoned | {job.current.submission})
+        else:
+            b.at(job.current.created_at + b.ctx.adopt_window_s + 1)
         return
     if job.current is None and job.phase not in TERMINAL_PHASES:
-        live = [o for o in ours if o.state != State.ENDED and o.submission is not None]
+        before = b.original  # the submission number as loaded, before live objects moved it
+        live = [o for o in ours if not counts_as_ended(o) and o.submission is not None
+                and not _abandoned(before, o)]
         if live:
             obs = max(live, key=lambda o: (o.submission or 0, o.ref.id))
             assert obs.submission is not None
@@ -333,8 +417,10 @@ def _current_observation(b: _Builder, ours: Sequence[ObjectObs],
     for obs in ours:
         if same_object(ref, obs):
             return obs
-    if observed.accounting is not None and same_object(ref, observed.accounting):
-        return observed.accounting
+    acct = observed.accounting
+    if acct is not None and same_object(ref, acct) and acct.submission in (
+            None, cur.submission):
+        return acct
     return None
 
 
@@ -349,7 +435,7 @@ def _is_current(job: JobState, obs: ObjectObs) -> bool:
 
 def _cancel_duplicates(b: _Builder, ours: Sequence[ObjectObs]) -> None:
     for obs in ours:
-        if obs.state == State.ENDED or _is_current(b.job, obs):
+        if counts_as_ended(obs) or _is_current(b.job, obs):
             continue
         b.actions.append(Cancel(b.job.job_id, obs.ref, CauseKind.DUPLICATE))
         if obs.submission is not None:
@@ -368,6 +454,8 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
         return
     if job.unknown_since is not None:
         b.update(unknown_since=None)
+    if any(c.type == "SubmitDeferred" for c in job.conditions):
+        b.update(conditions=_drop_condition(b.job.conditions, "SubmitDeferred"))
     b.condition("Observed", True, "Seen", f"seen in {obs.source.value}")
     if (obs.state, obs.cause.kind, obs.nodes or job.nodes) != (
             job.object_state, job.cause.kind, job.nodes) or job.unknown_since is not None:
@@ -383,6 +471,8 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
         # running. Never finish (or resubmit) on it; the final record will say.
         b.condition("Observed", False, "UnknownState",
                     f"Slurm reports a state we do not know: {obs.cause.detail}")
+        if job.desired == Desired.STOPPED:  # never counted as ended: stop still cancels
+            b.actions.append(Cancel(job.job_id, ref, CauseKind.CANCELLED))
         return
     if obs.state == State.ENDED:
         _ended(b, obs)
@@ -419,8 +509,9 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
             b.event("Released", f"released Slurm job {ref.id}")
     elif obs.state == State.HELD and obs.cause.kind == CauseKind.LAUNCH_FAILED:
         # Slurm gave up launching it and holds it: this object is over; the policy decides.
+        # a held object lists no nodes: exclude the ones it was launched on (last seen)
         b.actions.append(Cancel(job.job_id, ref, CauseKind.LAUNCH_FAILED))
-        _finish_object(b, obs.cause, exit_code=None, nodes=obs.nodes)
+        _finish_object(b, obs.cause, exit_code=None, nodes=b.job.nodes)
 
 
 def _stale(b: _Builder, obs: ObjectObs) -> None:
@@ -429,9 +520,12 @@ def _stale(b: _Builder, obs: ObjectObs) -> None:
     if obs.state == State.RUNNING:
         if obs.nodes and b.ctx.down_nodes.intersection(obs.nodes):
             stale_reason = "NodeDown"
-        elif obs.start is not None and obs.time_limit_s is not None and (
-                now > obs.start + obs.time_limit_s + job.policy.stale_grace_s):
-            stale_reason = "PastTimeLimit"
+        elif obs.start is not None and obs.time_limit_s is not None:
+            limit = obs.start + obs.time_limit_s + job.policy.stale_grace_s
+            if now > limit:
+                stale_reason = "PastTimeLimit"
+            else:
+                b.at(limit + 1)
     if stale_reason:
         b.condition("Stale", True, stale_reason,
                     "Slurm reports the job running, but " + (
@@ -451,13 +545,18 @@ def _unknown(b: _Builder, observed: Observed) -> None:
     grace = job.policy.unknown_grace_s if job.policy.unknown_grace_s is not None \
         else ctx.unknown_grace_s
     if ctx.now - since < grace:
+        b.at(since + grace)
         return
     assert job.current is not None and job.current.ref is not None
-    b.event("Unknown", f"Slurm job {job.current.ref.id} unseen for {ctx.now - since}s: "
-                       "ended, cause unknown")
+    # absent from squeue and from sacct while both answered: the cluster lost the job.
+    # Without accounting we cannot tell: unknown.
+    cause = (Cause(CauseKind.LOST, Provenance.SLURM, why) if observed.accounting_ok
+             else Cause(CauseKind.UNKNOWN, Provenance.UNKNOWN, why))
+    b.event("Lost" if observed.accounting_ok else "Unknown",
+            f"Slurm job {job.current.ref.id} unseen for {ctx.now - since}s: "
+            f"ended, cause {cause.kind.value}")
     b.submissions.append(SubmissionUpdate(job.job_id, job.current.submission, "ended"))
-    _finish_object(b, Cause(CauseKind.UNKNOWN, Provenance.UNKNOWN, why), exit_code=None,
-                   nodes=job.nodes)
+    _finish_object(b, cause, exit_code=None, nodes=job.nodes)
 
 
 def _ended(b: _Builder, obs: ObjectObs) -> None:
@@ -465,25 +564,47 @@ def _ended(b: _Builder, obs: ObjectObs) -> None:
     b.update(ended_at=obs.end, exit_code=obs.exit_code)
     if obs.cause.kind == CauseKind.COMPLETED and job.policy.expected_outputs \
             and not job.outputs_verified:
-        b.actions.append(VerifyOutputs(job.job_id, job.policy.expected_outputs))
-        b.update(cause=obs.cause, phase=Phase.RUNNING)
-        return
+        outcome = b.outcome(_OUTPUT_OUTCOMES)
+        if outcome is None:  # not checked yet: the tick checks, the next plan decides
+            b.actions.append(VerifyOutputs(job.job_id, job.policy.expected_outputs))
+            b.update(cause=obs.cause, phase=Phase.RUNNING)
+            return
+        if outcome.kind == OutcomeKind.OUTPUTS_MISSING:
+            b.event("MissingOutput", "expected output missing: " + ", ".join(outcome.paths))
+            _finish_object(b, Cause(CauseKind.MISSING_OUTPUT, Provenance.DISPATCH,
+                                    ", ".join(outcome.paths)), exit_code=None, nodes=job.nodes)
+            return
+        b.update(outputs_verified=True)
+        b.event("OutputsVerified", "expected outputs present")
     _finish_object(b, obs.cause, exit_code=obs.exit_code, nodes=obs.nodes)
 
 
-def finish_missing_output(job: JobState, missing: Sequence[str], now: int) -> Plan:
-    """The tick verified outputs after a completed object: some were missing."""
-    b = _Builder(job, PlanContext(now=now))
-    b.event("MissingOutput", "expected output missing: " + ", ".join(missing))
-    _finish_object(b, Cause(CauseKind.MISSING_OUTPUT, Provenance.DISPATCH,
-                            ", ".join(missing)), exit_code=None, nodes=job.nodes)
-    return b.build()
+_OUTPUT_OUTCOMES = frozenset({OutcomeKind.OUTPUTS_MISSING, OutcomeKind.OUTPUTS_PRESENT})
+
+
+def _lost_cause(cause: Cause) -> Cause:
+    """A cancel that Slurm made itself (state-loss flush, "Duplicate jobid", a cancel by
+    uid 0/slurm) is never a user's cancel: the cluster lost the job."""
+    if cause.kind == CauseKind.CANCELLED and cause.provenance == Provenance.SLURM:
+        return Cause(CauseKind.LOST, Provenance.SLURM,
+                     cause.detail or "cancelled by Slurm itself")
+    return cause
+
+
+_RAN = frozenset({State.RUNNING, State.SUSPENDED})
+
+
+def _may_have_started(b: _Builder) -> bool:
+    """Whether the ended object may have run its command: a start time was seen (squeue or
+    accounting), or it was last seen running."""
+    return b.job.started_at is not None or b.original.object_state in _RAN
 
 
 def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
                    nodes: Sequence[str]) -> None:
     """The current object ended with ``cause``: succeed, fail, cancel or resubmit."""
     job, now = b.job, b.ctx.now
+    cause = _lost_cause(cause)
     b.update(cause=cause, object_state=State.ENDED, unknown_since=None)
     if job.phase in TERMINAL_PHASES:
         return
@@ -500,33 +621,47 @@ def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
     if job.desired == Desired.STOPPED:
         b.update(phase=Phase.CANCELLED)
         return
+    free = cause.kind == CauseKind.LOST and not _may_have_started(b)
     decision = decide(job.policy, cause.kind, exit_code=exit_code,
-                      budgets_used=job.budgets_used)
+                      budgets_used=job.budgets_used, spend=not free)
     if not decision.resubmit:
         b.update(phase=Phase.FAILED)
         if decision.exhausted:
             warn = job.policy.on_exhausted == OnExhausted.WARN
             b.condition("RetriesExhausted", True, cause.kind.value,
                         f"{decision.budget_key} budget spent")
+            if warn:  # on_exhausted: warn -- failed, and the workflow may continue
+                b.condition("Warning", True, "RetriesExhausted",
+                            f"recovery budget for {cause.kind.value} spent; on_exhausted=warn")
             b.event("Warning" if warn else "Failed",
                     f"recovery budget for {cause.kind.value} spent")
         else:
             b.event("Failed", f"ended: {cause.kind.value} {cause.detail}".strip())
         return
     budgets = dict(job.budgets_used)
-    budgets[decision.budget_key] = budgets.get(decision.budget_key, 0) + 1
-    excluded = {n: t for n, t in job.excluded_nodes.items() if t > now}
+    if decision.budget_key:  # (a lost job that never started spends nothing)
+        budgets[decision.budget_key] = budgets.get(decision.budget_key, 0) + 1
+    excluded = _unexpired(b, job.excluded_nodes)
     if decision.exclude_nodes:
         for node in nodes:
             excluded[node] = now + job.policy.exclude_node_ttl_s
-    spec = job.spec
-    assert spec is not None
+    # the time/memory factors are not applied here: the Submit derives them from
+    # budgets_used (``resubmission_spec``), which is persisted
     b.update(budgets_used=budgets, excluded_nodes=excluded, not_before=now + decision.delay_s,
              current=None, phase=Phase.PENDING, attempt=job.attempt + 1,
-             spec=_adjusted_spec(spec, decision.time_factor, decision.memory_factor),
              outputs_verified=False)
     b.event("Resubmitting", f"{cause.kind.value}: resubmitting in {decision.delay_s}s "
-                            f"(attempt {job.attempt + 1})")
+                            f"(attempt {job.attempt + 1})" + (
+                                "; it never started: no budget spent" if free else ""))
+
+
+def _unexpired(b: _Builder, excluded: Mapping[str, int]) -> dict[str, int]:
+    """The node exclusions still in force (each expires at its time: a clock trigger)."""
+    now = b.ctx.now
+    kept = {n: t for n, t in excluded.items() if t > now}
+    for t in kept.values():
+        b.at(t)
+    return kept
 
 
 def _maybe_submit(b: _Builder) -> None:
@@ -538,15 +673,17 @@ def _maybe_submit(b: _Builder) -> None:
         b.event("Cancelled", "stopped before it was submitted")
         return
     if job.not_before is not None and now < job.not_before:
+        b.at(job.not_before)
         b.update(phase=Phase.PENDING)
         return
     assert job.spec is not None
     n = job.submission + 1
-    excluded = tuple(sorted(n_ for n_, t in job.excluded_nodes.items() if t > now))
+    excluded = tuple(sorted(_unexpired(b, job.excluded_nodes)))
     b.update(submission=n, current=Current(n, job.attempt, now), not_before=None,
              phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING,
              object_state=None, ended_at=None)
     b.submissions.append(SubmissionUpdate(job.job_id, n, "intent"))
-    b.actions.append(Submit(job.job_id, n, job.attempt, job.spec, excluded,
+    spec = resubmission_spec(job.spec, job.policy, job.budgets_used)
+    b.actions.append(Submit(job.job_id, n, job.attempt, spec, excluded,
                             release=job.desired == Desired.RUN))
     b.event("Submitting", f"submission {n}, attempt {job.attempt}")

@@ -1,81 +1,37 @@
-"""Recovery policy as data (SPEC §6.3): what to do after each cause, with budgets and backoff.
+"""What to do after an object ended (SPEC §6.3): ``decide``, pure, over the policy table.
 
-A policy is a table from cause to rule, decoded from the JSON a client stores with
-the job (``jobs.policy``) over the defaults. ``decide`` is a pure function.
+The policy's data types and its decoding live in ``controller.model.policy`` (the store
+and the client decode policies too); they are re-exported here for the planner.
 """
 
 from __future__ import annotations
 
-import enum
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
 
-from controller.errors import ErrInvalid
 from controller.model.obs import CauseKind
+from controller.model.policy import (
+    DEFAULT_POLICY,
+    DEFAULT_RULES,
+    CauseRule,
+    OnExhausted,
+    Recovery,
+    RecoveryPolicy,
+    parse_policy,
+)
 
-
-class Recovery(enum.Enum):
-    RESUBMIT = "resubmit"
-    FAIL = "fail"
-
-
-class OnExhausted(enum.Enum):
-    FAIL = "fail"
-    WARN = "warn"  # the job ends as failed, but with a warning condition instead of an error
-
-
-@dataclass(frozen=True, slots=True)
-class CauseRule:
-    recovery: Recovery
-    budget: int = 0  # resubmissions allowed for this cause
-    time_factor: float = 1.0  # multiply the time limit on resubmission
-    memory_factor: float = 1.0  # multiply the memory on resubmission
-    exclude_node: bool = False  # exclude the failed node(s) for exclude_node_ttl_s
-
-
-_FAIL = CauseRule(Recovery.FAIL)
-
-DEFAULT_RULES: Mapping[CauseKind, CauseRule] = {
-    CauseKind.NODE_LOST: CauseRule(Recovery.RESUBMIT, budget=3, exclude_node=True),
-    CauseKind.BOOT_FAILED: CauseRule(Recovery.RESUBMIT, budget=3, exclude_node=True),
-    CauseKind.PREEMPTED: CauseRule(Recovery.RESUBMIT, budget=5),
-    CauseKind.LAUNCH_FAILED: CauseRule(Recovery.RESUBMIT, budget=2, exclude_node=True),
-    CauseKind.TIMEOUT: _FAIL,
-    CauseKind.OUT_OF_MEMORY: _FAIL,
-    CauseKind.NON_ZERO_EXIT: _FAIL,  # resubmits only for exit codes in retry_exit_codes
-    CauseKind.SIGNALED: _FAIL,
-    CauseKind.DEADLINE: _FAIL,
-    CauseKind.CANCELLED: _FAIL,  # cancelled by someone else: never resubmitted
-    CauseKind.UNKNOWN: _FAIL,
-    CauseKind.MISSING_OUTPUT: CauseRule(Recovery.RESUBMIT, budget=1),
-    CauseKind.STALE: _FAIL,
-    CauseKind.UNRUNNABLE: _FAIL,
-}
-
-# causes whose recovery a client may not change
-_LOCKED = frozenset({CauseKind.CANCELLED})
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryPolicy:
-    rules: Mapping[CauseKind, CauseRule] = field(default_factory=lambda: dict(DEFAULT_RULES))
-    retry_exit_codes: frozenset[int] = frozenset()
-    backoff_initial_s: int = 10
-    backoff_factor: float = 2.0
-    backoff_max_s: int = 3600
-    exclude_node_ttl_s: int = 3600
-    on_exhausted: OnExhausted = OnExhausted.FAIL
-    expected_outputs: tuple[str, ...] = ()
-    unknown_grace_s: int | None = None  # None: the daemon's configured default
-    stale_grace_s: int = 300
-
-    def rule(self, cause: CauseKind) -> CauseRule:
-        return self.rules.get(cause, _FAIL)
-
-
-DEFAULT_POLICY = RecoveryPolicy()
+__all__ = [
+    "DEFAULT_POLICY",
+    "DEFAULT_RULES",
+    "CauseRule",
+    "Decision",
+    "OnExhausted",
+    "Recovery",
+    "RecoveryPolicy",
+    "backoff_delay",
+    "decide",
+    "parse_policy",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,129 +47,51 @@ class Decision:
     exhausted: bool = False  # a resubmit rule existed but its budget is spent
 
 
+# the most doublings a backoff takes: factor >= 2 reaches any max_s long before, and a
+# large resubmission count never overflows a float (factor ** 5000)
+_MAX_BACKOFF_STEPS = 64
+
+
+def backoff_delay(policy: RecoveryPolicy, steps: int) -> int:
+    """``initial_s * factor ** steps``, capped at ``max_s`` for any ``steps``."""
+    delay = float(policy.backoff_initial_s)
+    for _ in range(min(max(steps, 0), _MAX_BACKOFF_STEPS)):
+        if delay >= policy.backoff_max_s:
+            break
+        delay *= policy.backoff_factor
+    return min(policy.backoff_max_s, int(delay))
+
+
+def _resubmits(policy: RecoveryPolicy, cause: CauseKind, rule: CauseRule,
+               exit_code: int | None) -> bool:
+    """Whether ``rule`` resubmits an ending with ``cause`` (and ``exit_code``)."""
+    if cause != CauseKind.NON_ZERO_EXIT:
+        return rule.recovery == Recovery.RESUBMIT
+    codes = policy.retry_exit_codes
+    if codes and exit_code not in codes:
+        return False  # a list of codes narrows every non-zero-exit rule
+    if rule.recovery == Recovery.RESUBMIT:
+        return True
+    return rule.listed_exit_codes and exit_code in codes
+
+
 def decide(policy: RecoveryPolicy, cause: CauseKind, *, exit_code: int | None,
-           budgets_used: Mapping[str, int], cancelled_by_us: bool = False) -> Decision:
-    """Pure: resubmit or not, given the policy, the cause and the budgets already spent."""
+           budgets_used: Mapping[str, int], cancelled_by_us: bool = False,
+           spend: bool = True) -> Decision:
+    """Pure: resubmit or not, given the policy, the cause and the budgets already spent.
+
+    ``spend=False``: the object provably never started (a lost job that never ran):
+    resubmit whatever the budget, and spend none of it."""
     if cause == CauseKind.COMPLETED or cancelled_by_us:
         return Decision(resubmit=False)
-    if cause == CauseKind.NON_ZERO_EXIT:
-        if exit_code is None or exit_code not in policy.retry_exit_codes:
-            return Decision(resubmit=False)
-        rule = policy.rules.get(cause)
-        rule = rule if rule and rule.recovery == Recovery.RESUBMIT else CauseRule(
-            Recovery.RESUBMIT, budget=3)
-    else:
-        rule = policy.rule(cause)
-        if rule.recovery != Recovery.RESUBMIT:
-            return Decision(resubmit=False)
+    rule = policy.rule(cause)
+    if not _resubmits(policy, cause, rule, exit_code):
+        return Decision(resubmit=False)
+    delay = backoff_delay(policy, sum(budgets_used.values()))
+    if not spend:
+        return Decision(resubmit=True, delay_s=delay)
     key = cause.value
-    used = budgets_used.get(key, 0)
-    if used >= rule.budget:
+    if budgets_used.get(key, 0) >= rule.budget:
         return Decision(resubmit=False, budget_key=key, exhausted=True)
-    delay = min(policy.backoff_max_s,
-                int(policy.backoff_initial_s * policy.backoff_factor ** sum(budgets_used.values())))
     return Decision(resubmit=True, budget_key=key, delay_s=delay, time_factor=rule.time_factor,
                     memory_factor=rule.memory_factor, exclude_nodes=rule.exclude_node)
-
-
-# ---------------------------------------------------------------- decoding
-
-
-def _int(value: object, path: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ErrInvalid(f"must be an integer >= {minimum}", field=path)
-    return value
-
-
-def _factor(value: object, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 16:
-        raise ErrInvalid("must be a number from 1 to 16", field=path)
-    return float(value)
-
-
-def parse_policy(raw: str | Mapping[str, Any] | None) -> RecoveryPolicy:
-    """Decode a policy document (JSON text or object) over the defaults."""
-    if raw is None or raw == "":
-        return DEFAULT_POLICY
-    if isinstance(raw, str):
-        try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ErrInvalid(f"not JSON: {exc.msg}", field="policy") from None
-    else:
-        doc = raw
-    if not isinstance(doc, Mapping):
-        raise ErrInvalid("must be an object", field="policy")
-    allowed = {"causes", "retry_exit_codes", "backoff", "exclude_node_ttl_s", "on_exhausted",
-               "expected_outputs", "unknown_grace_s", "stale_grace_s"}
-    for key in doc:
-        if key not in allowed:
-            raise ErrInvalid("unknown field", field=f"policy.{key}")
-    policy = DEFAULT_POLICY
-    rules = dict(policy.rules)
-    causes = doc.get("causes", {})
-    if not isinstance(causes, Mapping):
-        raise ErrInvalid("must be an object", field="policy.causes")
-    for name, body in causes.items():
-        path = f"policy.causes.{name}"
-        try:
-            cause = CauseKind(name)
-        except ValueError:
-            raise ErrInvalid("unknown cause", field=path) from None
-        if cause in _LOCKED:
-            raise ErrInvalid("a job cancelled by someone else is never resubmitted", field=path)
-        if not isinstance(body, Mapping):
-            raise ErrInvalid("must be an object", field=path)
-        for key in body:
-            if key not in {"action", "budget", "time_factor", "memory_factor", "exclude_node"}:
-                raise ErrInvalid("unknown field", field=f"{path}.{key}")
-        base = rules.get(cause, _FAIL)
-        try:
-            recovery = Recovery(body.get("action", base.recovery.value))
-        except ValueError:
-            raise ErrInvalid("must be resubmit or fail", field=f"{path}.action") from None
-        exclude = body.get("exclude_node", base.exclude_node)
-        if not isinstance(exclude, bool):
-            raise ErrInvalid("must be true or false", field=f"{path}.exclude_node")
-        rules[cause] = CauseRule(
-            recovery=recovery,
-            budget=_int(body.get("budget", base.budget if base.budget else 1), f"{path}.budget"),
-            time_factor=_factor(body.get("time_factor", base.time_factor), f"{path}.time_factor"),
-            memory_factor=_factor(body.get("memory_factor", base.memory_factor),
-                                  f"{path}.memory_factor"),
-            exclude_node=exclude,
-        )
-    codes = doc.get("retry_exit_codes", [])
-    if not isinstance(codes, list):
-        raise ErrInvalid("must be a list of exit codes", field="policy.retry_exit_codes")
-    exit_codes = frozenset(_int(c, "policy.retry_exit_codes", 1) for c in codes)
-    backoff = doc.get("backoff", {})
-    if not isinstance(backoff, Mapping):
-        raise ErrInvalid("must be an object", field="policy.backoff")
-    try:
-        on_exhausted = OnExhausted(doc.get("on_exhausted", "fail"))
-    except ValueError:
-        raise ErrInvalid("must be fail or warn", field="policy.on_exhausted") from None
-    outputs = doc.get("expected_outputs", [])
-    if not isinstance(outputs, list) or not all(
-            isinstance(p, str) and p.startswith("/") and "\n" not in p and "\x00" not in p
-            for p in outputs):
-        raise ErrInvalid("must be a list of absolute paths", field="policy.expected_outputs")
-    grace = doc.get("unknown_grace_s")
-    return replace(
-        policy,
-        rules=rules,
-        retry_exit_codes=exit_codes,
-        backoff_initial_s=_int(backoff.get("initial_s", policy.backoff_initial_s),
-                               "policy.backoff.initial_s"),
-        backoff_factor=_factor(backoff.get("factor", policy.backoff_factor),
-                               "policy.backoff.factor"),
-        backoff_max_s=_int(backoff.get("max_s", policy.backoff_max_s), "policy.backoff.max_s"),
-        exclude_node_ttl_s=_int(doc.get("exclude_node_ttl_s", policy.exclude_node_ttl_s),
-                                "policy.exclude_node_ttl_s"),
-        on_exhausted=on_exhausted,
-        expected_outputs=tuple(outputs),
-        unknown_grace_s=None if grace is None else _int(grace, "policy.unknown_grace_s"),
-        stale_grace_s=_int(doc.get("stale_grace_s", policy.stale_grace_s),
-                           "policy.stale_grace_s"),
-    )
