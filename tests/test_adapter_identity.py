@@ -15,6 +15,7 @@ defaults afterwards.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -262,6 +263,10 @@ REF = ObjectRef("lab", UID, 7, T0)
     pytest.param([_record("COMPLETED", T0 + 200, "dispatch:s=1;a=0"),
                   _record("REQUEUED", T0, "dispatch:s=1;a=0")], None, 0,
                  id="requeued-then-completed"),
+    pytest.param([_record("COMPLETED", T0 + 200, "dispatch:s=1;a=0"),
+                  dataclasses.replace(_record("PENDING", T0, "dispatch:s=1;a=0"),
+                                      flags=("REQUEUED",))], None, 0,
+                 id="json-pending-requeued-then-completed"),
     pytest.param([_record("COMPLETED", T0, "dispatch:s=1;a=0"),
                   _record("PENDING", T0 + 50, None)], None, 0, id="reused-same-name-pending"),
     pytest.param([_record("NODE_FAIL", T0, "dispatch:s=1;a=0"),

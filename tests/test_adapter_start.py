@@ -19,6 +19,7 @@ import pytest
 from controller.errors import (
     CommandFailed,
     DispatchError,
+    ErrBackPressure,
     ErrConflict,
     ErrInvalid,
     ErrNotFound,
@@ -75,7 +76,7 @@ def _failed(stderr: str, returncode: int = 1) -> CommandResult:
     pytest.param("sbatch: error: Memory specification can not be satisfied", 1, ErrInvalid,
                  id="memory"),
     pytest.param("sbatch: error: Batch job submission failed: Job violates accounting/QOS "
-                 "policy (job submit limit, user's size and/or time limits)", 1, ErrInvalid,
+                 "policy (job submit limit, user's size and/or time limits)", 1, ErrBackPressure,
                  id="policy"),
     pytest.param("sbatch: error: Batch job submission failed: Unable to contact slurm "
                  "controller (connect failure)", 1, TransientError, id="ctld-down"),

@@ -29,6 +29,7 @@ from controller.slurm.classify import (
     UNRUNNABLE_REASONS,
     classify,
     matching_rule,
+    valid_until,
 )
 from controller.slurm.dialects import (
     parse_sacct,
@@ -239,6 +240,9 @@ CASES = [
     pytest.param({**ENDED, "base_state": "CANCELLED", "flags": ("COMPLETING",)}, LIVE,
                  Want(State.ENDED, CauseKind.CANCELLED, Provenance.USER),
                  id="42-cancelled-completing"),
+    pytest.param({**ENDED, "base_state": "CANCELLED", "description": "Duplicate jobid"}, LIVE,
+                 Want(State.ENDED, CauseKind.LOST, Provenance.SLURM,
+                      "cancelled by Slurm: Duplicate jobid"), id="42-cancelled-by-slurm"),
     pytest.param({**ENDED, "base_state": "CANCELLED", "kill_request_user": "admin"}, LIVE,
                  Want(State.ENDED, CauseKind.CANCELLED, Provenance.USER),
                  id="42-live-cancel-names-no-requester"),
@@ -751,3 +755,124 @@ def test_every_golden_has_an_input() -> None:
     expected = {relative.replace("/", "--").rsplit(".", 1)[0] + ".json"
                 for relative, _, _ in GOLDEN_INPUTS}
     assert {path.name for path in GOLDEN.glob("*.json")} == expected
+
+
+# --------------------------------------------------------------------------------------
+# issue 9: compound state words, launch-failed holds, and cancels Slurm made itself
+
+TEXT_COLUMNS = ("JobID", "Name", "UserName", "StateCompact", "State", "Reason", "SubmitTime",
+                "StartTime", "EndTime", "RestartCnt", "NodeList", "Comment")
+
+
+def text_row(state: str, compact: str, *, reason: str = "None", restart: int = 0,
+             start: str = "2026-12-01T00:00:05", end: str = "2026-12-01T00:00:09",
+             nodes: str = "node01") -> SlurmJob:
+    line = (f"21|{NAME}|svc|{compact}|{state}|{reason}|2026-12-01T00:00:00|{start}|{end}|"
+            f"{restart}|{nodes}|dispatch:s=2;a=1|\n")
+    [record] = parse_squeue_text(line, columns=TEXT_COLUMNS)
+    return record
+
+
+@pytest.mark.parametrize(("state", "compact", "restart", "want"), [
+    pytest.param("CANCELLED,COMPLETING", "CG", 0,
+                 (State.ENDED, CauseKind.CANCELLED, Provenance.USER), id="cancelled-completing"),
+    pytest.param("CANCELLED,COMPLETING", "CA", 0,
+                 (State.ENDED, CauseKind.CANCELLED, Provenance.USER),
+                 id="cancelled-completing-compact-base"),
+    pytest.param("TIMEOUT,COMPLETING", "CG", 0,
+                 (State.ENDED, CauseKind.TIMEOUT, Provenance.SLURM), id="timeout-completing"),
+    pytest.param("COMPLETED,COMPLETING", "CG", 0,
+                 (State.ENDED, CauseKind.COMPLETED, Provenance.SLURM), id="completed-completing"),
+    pytest.param("RUNNING,CONFIGURING", "CF", 0, (State.RUNNING, CauseKind.NONE,
+                                                  Provenance.UNKNOWN), id="running-configuring"),
+    pytest.param("PENDING,COMPLETING", "CG", 1,
+                 (State.PENDING, CauseKind.REQUEUED, Provenance.SLURM), id="pending-completing"),
+])
+def test_text_reader_compound_state_words(state: str, compact: str, restart: int,
+                                          want: tuple[State, CauseKind, Provenance]) -> None:
+    """SPEC §4.2: flags change nothing; a ``X,COMPLETING`` text row is its base state."""
+    obs = classify(text_row(state, compact, restart=restart,
+                            reason="BeginTime" if state.startswith("PENDING") else "None"),
+                   now=NOW)
+    assert (obs.state, obs.cause.kind, obs.cause.provenance) == want
+
+
+@pytest.mark.parametrize("description", [
+    "launch failed requeued held",
+    "user env retrieval failed requeued held",
+])
+def test_launch_failure_holds_are_launch_failed(description: str) -> None:
+    """Both of Slurm's launch-failure hold descriptions (slurm-reference §3) are
+    launch-failed, not requeued; from the text reader too."""
+    obs = classify(job(reason="JobHeldUser", restart_count=1, description=description),
+                   now=NOW)
+    assert (obs.state, obs.cause.kind, obs.cause.provenance) == (
+        State.HELD, CauseKind.LAUNCH_FAILED, Provenance.SLURM)
+    row = text_row("PENDING", "PD", reason=description, restart=1, start="N/A", end="N/A",
+                   nodes="")
+    assert classify(row, now=NOW).cause.kind is CauseKind.LAUNCH_FAILED
+
+
+SACCT_COLUMNS = ("JobIDRaw", "JobName", "User", "UID", "State", "Reason", "Submit", "Start",
+                 "End", "ExitCode", "NodeList", "Comment")
+
+
+def sacct_row(state: str, *, user: str = "svc", uid: int = 1001, reason: str = "None",
+              start: str = "2026-12-01T00:00:05", end: str = "2026-12-01T00:00:09") -> SlurmJob:
+    line = (f"21|{NAME}|{user}|{uid}|{state}|{reason}|2026-12-01T00:00:00|{start}|"
+            f"{end}|0:0|node01|dispatch:s=2;a=1\n")
+    [record] = parse_sacct_text(line, columns=SACCT_COLUMNS)
+    return record
+
+
+LOST = (State.ENDED, CauseKind.LOST, Provenance.SLURM)
+
+
+@pytest.mark.parametrize(("record", "source", "want"), [
+    pytest.param(sacct_row("CANCELLED by 1001"), ACCT,
+                 (State.ENDED, CauseKind.CANCELLED, Provenance.USER), id="by-the-owner"),
+    pytest.param(sacct_row("CANCELLED by 1002"), ACCT,
+                 (State.ENDED, CauseKind.CANCELLED, Provenance.ADMIN), id="by-another-user"),
+    pytest.param(sacct_row("CANCELLED by 0"), ACCT, LOST, id="by-uid-0"),
+    pytest.param(sacct_row("CANCELLED by 0", user="root", uid=0), ACCT,
+                 (State.ENDED, CauseKind.CANCELLED, Provenance.USER), id="root-job-by-root"),
+    pytest.param(sacct_row("CANCELLED"), ACCT, LOST, id="state-loss-flush-no-requester"),
+    pytest.param(sacct_row("CANCELLED", start="Unknown"), ACCT, LOST,
+                 id="state-loss-flush-pending"),
+    pytest.param(job(**ENDED, base_state="CANCELLED", kill_request_user="root"), ACCT, LOST,
+                 id="json-requester-root"),
+    pytest.param(job(**ENDED, base_state="CANCELLED", description="Duplicate jobid"), LIVE,
+                 LOST, id="live-duplicate-jobid"),
+    pytest.param(job(**ENDED, base_state="CANCELLED", reason="Duplicate jobid on nodes node01"),
+                 LIVE, LOST, id="live-duplicate-jobid-reason"),
+])
+def test_cancels_slurm_made_itself_are_lost(record: SlurmJob, source: str,
+                                            want: tuple[State, CauseKind, Provenance]) -> None:
+    """Issue 9: a cancel Slurm made itself (state-loss flush, "Duplicate jobid", uid 0 or
+    the Slurm user) is never a user's cancel: cause lost, provenance slurm."""
+    obs = classify(record, source=source, now=SACCT_NOW)
+    assert (obs.state, obs.cause.kind, obs.cause.provenance) == want
+
+
+SACCT_NOW = 1_796_083_209 + 3600  # an hour after sacct_row's end (2026-12-01T00:00:09)
+
+
+def test_cancel_with_no_requester_yet_is_refused_for_a_minute() -> None:
+    """A user's scancel was once seen without its requester 4 s later (probe.when.txt):
+    until REQUESTER_SETTLE_S after the end the record is not classifiable yet."""
+    record = sacct_row("CANCELLED")
+    end = 1_796_083_209
+    assert record.end_time == end
+    with pytest.raises(ProtocolError, match="no requester"):
+        classify(record, source=ACCT, now=end + 4)
+    assert classify(record, source=ACCT, now=end + 60).cause.kind is CauseKind.LOST
+    assert valid_until(record, now=end + 4, source=Source.ACCOUNTING) == end + 60
+    assert valid_until(record, now=end + 4) is None
+
+
+def test_slurm_user_cancel_is_lost() -> None:
+    """With SlurmUser=slurm(64030), a cancel by uid 64030 is Slurm's own."""
+    record = sacct_row("CANCELLED by 64030")
+    assert classify(record, source=ACCT, now=SACCT_NOW).cause.kind is CauseKind.CANCELLED
+    obs = classify(record, source=ACCT, now=SACCT_NOW, slurm_uids=frozenset({0, 64030}))
+    assert (obs.cause.kind, obs.cause.provenance) == (CauseKind.LOST, Provenance.SLURM)

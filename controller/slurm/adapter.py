@@ -97,6 +97,7 @@ from typing import Final, Literal
 from controller.errors import (
     CommandFailed,
     DispatchError,
+    ErrBackPressure,
     ErrConflict,
     ErrInvalid,
     ErrNotFound,
@@ -108,7 +109,7 @@ from controller.model.obs import ObjectObs, ObjectRef, Source, StartRequest, Sta
 from controller.reconcile.ports import ClusterStats
 from controller.runner.base import CommandResult, Runner
 from controller.slurm import dialects, holds, naming, script
-from controller.slurm.classify import classify
+from controller.slurm.classify import DEFAULT_SLURM_UIDS, classify, valid_until
 from controller.slurm.record import SlurmJob
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,13 @@ MISSING_PATHS_SCRIPT_LIMIT: Final = 60_000  # bytes of one missing_paths script
 OUTPUT_CHUNK: Final = 4 * 1024 * 1024  # bytes of one file read per output poll
 REDISCOVERY_WINDOW_S: Final = 900  # sacct -S before the Start began
 RECENT_START_WINDOW_S: Final = 3600  # cluster_stats: "started recently"
+# Bytes of Start scripts in one shared shell call (``batch_script``). The 90 KiB limit
+# (script.MAX_SCRIPT_BYTES) is per script; a batch is cut into calls of at most this many
+# bytes (a single script always goes, alone if need be). The script reaches ``sh -s`` on
+# stdin, never argv, so ARG_MAX (~2 MiB) does not apply; 1 MiB stays under asyncssh's
+# default 2 MiB channel window, so a call is written without waiting for window updates,
+# and bounds what one lost connection leaves unknown.
+START_BATCH_BYTES: Final = 1024 * 1024
 
 # A row of ours in squeue/sacct text: the id, then a discovery-shaped name, then '|'.
 _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
@@ -172,10 +180,47 @@ class Capabilities:
     output_dir_writable: bool = False
     cluster_name: str | None = None
     warnings: tuple[str, ...] = ()
+    slurm_user_uid: int | None = None  # SlurmUser's uid: its cancels are Slurm's own
+    missing_commands: tuple[str, ...] = ()  # Slurm commands the host does not have
 
     @property
     def version(self) -> tuple[int, int, int]:
         return parse_slurm_version(self.slurm_version)
+
+
+# The commands the daemon runs on the Slurm host (sinfo and scontrol are checked by running
+# them in preflight itself).
+REQUIRED_COMMANDS: Final = ("sbatch", "squeue", "scancel", "scontrol", "sinfo")
+
+
+def preflight_problems(caps: Capabilities) -> list[str]:
+    """What the daemon needs and the cluster lacks, from Preflight's findings; empty when
+    it can run. Pure: the daemon calls it at start and on gaining leadership, and
+    ``dispatchctl preflight`` exits non-zero when it is not empty.
+
+    Needed: a supported Slurm version; every command of ``REQUIRED_COMMANDS``; ``squeue
+    --me`` (every read of the queue uses it); a writable ``output.dir`` (every Start writes
+    its manifest there). Not needed (warnings only): accounting (jobs that leave squeue end
+    unknown after a grace window instead of with their outcome), ``job_comment``, a
+    cluster name that differs from the configured one.
+    """
+    problems: list[str] = []
+    try:
+        version = caps.version
+    except ProtocolError:
+        problems.append(f"unreadable Slurm version {caps.slurm_version!r}")
+    else:
+        if not SUPPORTED_MIN <= version[:2] <= SUPPORTED_MAX:
+            problems.append(f"Slurm {caps.slurm_version} is outside the supported "
+                            "22.05 .. 26.05")
+    if caps.missing_commands:
+        problems.append("missing on the Slurm host: " + ", ".join(caps.missing_commands))
+    if not caps.whoami:
+        problems.append("squeue --me does not work: the daemon cannot read its jobs")
+    if not caps.output_dir_writable:
+        problems.append("output.dir is not writable on the Slurm host: Start cannot write "
+                        "its manifest")
+    return problems
 
 
 def parse_slurm_version(text: str) -> tuple[int, int, int]:
@@ -215,6 +260,7 @@ def default_data_parser(version: tuple[int, int, int]) -> str | None:
 
 
 class _Kind(enum.Enum):
+    BACK_PRESSURE = "back-pressure"
     TRANSIENT = "transient"
     NOT_FOUND = "not-found"
     CONFLICT = "conflict"
@@ -223,16 +269,26 @@ class _Kind(enum.Enum):
 
 
 # First match wins; transient first, because "Batch job submission failed: Unable to
-# contact slurm controller" is about reaching Slurm, not about the request.
+# contact slurm controller" is about reaching Slurm, not about the request. Submit limits
+# (a count of jobs that frees itself as jobs leave) are back-pressure: sbatch prints the
+# limit's reason on a line of its own, then the generic policy message (recorded on
+# 22.05.8 with AccountingStorageEnforce=limits: AssocMaxSubmitJobLimit,
+# QOSMaxSubmitJobPerUserLimit, AssocGrpSubmitJobsLimit). A per-job size or time limit
+# (``...PerJob...``, ``...WallDuration...``) never frees itself: invalid. The generic
+# message alone says "job submit limit" first and is taken as back-pressure: a wrong guess
+# there keeps the intent backing off (visible) instead of failing a job that would run.
 _FAILURES: Final[tuple[tuple[re.Pattern[str], _Kind], ...]] = tuple(
     (re.compile(pattern), kind) for pattern, kind in (
         (r"Unable to contact slurm controller", _Kind.TRANSIENT),
+        (r"\b(?:Assoc|QOS)\w*SubmitJobs?\w*Limit\b", _Kind.BACK_PRESSURE),
+        (r"\b(?:Assoc|QOS)\w*(?:PerJob|PerNode|WallDuration|Min\w+)\w*Limit\b", _Kind.INVALID),
+        (r"Job violates accounting/QOS policy \(job submit limit", _Kind.BACK_PRESSURE),
+        (r"Slurm job queue full", _Kind.BACK_PRESSURE),
         (r"Socket timed out", _Kind.TRANSIENT),
         (r"backup controller in standby mode", _Kind.TRANSIENT),
         (r"Unable to create job record, try again", _Kind.TRANSIENT),
         (r"temporarily unable to accept job", _Kind.TRANSIENT),
         (r"can not be altered now, try again later", _Kind.TRANSIENT),
-        (r"Slurm job queue full", _Kind.TRANSIENT),
         (r"Job creation temporarily disabled", _Kind.TRANSIENT),
         (r"Resource temporarily unavailable", _Kind.TRANSIENT),
         (r"Zero Bytes were transmitted or received", _Kind.TRANSIENT),
@@ -273,6 +329,8 @@ def slurm_failure(result: CommandResult, *, operation: str) -> DispatchError:
     for pattern, kind in _FAILURES:
         if pattern.search(text):
             match kind:
+                case _Kind.BACK_PRESSURE:
+                    return ErrBackPressure(message)
                 case _Kind.TRANSIENT:
                     return TransientError(message)
                 case _Kind.NOT_FOUND:
@@ -340,9 +398,7 @@ def pick_record(ref: ObjectRef, records: Sequence[SlurmJob], *, user: str,
     chain = [candidates[0]]
     submission = naming.parse_comment(candidates[0].comment)
     for rec in candidates[1:]:
-        previous = chain[-1]
-        previous_state = previous.base_state or (previous.flags[0] if previous.flags else "")
-        if previous_state not in _REQUEUE_RECORD_STATES:
+        if not _requeued_record(chain[-1]):
             break
         parsed = naming.parse_comment(rec.comment)
         if parsed is not None and submission is not None and parsed[0] != submission[0]:
@@ -351,6 +407,14 @@ def pick_record(ref: ObjectRef, records: Sequence[SlurmJob], *, user: str,
             submission = parsed
         chain.append(rec)
     return chain[-1]
+
+
+def _requeued_record(record: SlurmJob) -> bool:
+    """An accounting record that Slurm requeued: the same Slurm job continues in a later
+    record. Text prints ``REQUEUED`` (a flag in place of the base); the list dialects
+    (v0.0.40+) print the requeue state as ``PENDING`` with flag ``REQUEUED``; a node
+    failure or preemption of a requeueable job is written as its own base state."""
+    return record.base_state in _REQUEUE_RECORD_STATES or "REQUEUED" in record.flags
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -394,6 +458,7 @@ _MARK_LINE = re.compile(rf"{_MARK} ([0-9]+) ([0-9]+)")
 class _Queued:
     text: str
     future: asyncio.Future[_Outcome]
+    size: int  # bytes of ``text``
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,7 +566,8 @@ class SlurmAdapter:
     ``command_timeout`` seconds. ``sleep``, ``poll_interval`` (Output's follow) and
     ``stop_confirm_s`` (how long Stop waits for the job to end) are injectable for tests.
     Concurrent Starts are coalesced into shared runner calls of at most ``start_batch``
-    scripts, at most ``start_parallel`` calls in flight (see ``start``).
+    scripts and ``start_batch_bytes`` bytes of them, at most ``start_parallel`` calls in
+    flight (see ``start``).
     """
 
     def __init__(self, runner: Runner, *, cluster: str, settings: script.StartSettings,
@@ -509,13 +575,16 @@ class SlurmAdapter:
                  capabilities: Capabilities | None = None, command_timeout: float = 30,
                  sleep: Sleep = asyncio.sleep, poll_interval: float = 2.0,
                  stop_confirm_s: float = 10.0, start_batch: int = 32,
-                 start_parallel: int = 2) -> None:
+                 start_parallel: int = 2,
+                 write_guard: Callable[[], None] | None = None,
+                 start_batch_bytes: int = START_BATCH_BYTES) -> None:
         if not cluster:
             raise ErrInvalid("must not be empty", field="cluster")
         if not user:
             raise ErrInvalid("must not be empty", field="user")
-        if start_batch < 1 or start_parallel < 1:
-            raise ErrInvalid("must be at least 1", field="start_batch/start_parallel")
+        if start_batch < 1 or start_parallel < 1 or start_batch_bytes < 1:
+            raise ErrInvalid("must be at least 1",
+                             field="start_batch/start_parallel/start_batch_bytes")
         script.check_output_dir(settings.output_dir)
         self.cluster = cluster
         self.user = user
@@ -529,6 +598,10 @@ class SlurmAdapter:
         self._stop_confirm_s = stop_confirm_s
         self._start_batch = start_batch
         self._start_parallel = start_parallel
+        self._start_batch_bytes = start_batch_bytes
+        # called right before every command that changes Slurm (sbatch, scancel, scontrol
+        # update/release/requeue): raises LeaseLost when this process may no longer write
+        self._write_guard = write_guard
         self._queued: list[_Queued] = []
         self._flushing = 0
         self._kick_scheduled = False
@@ -549,6 +622,11 @@ class SlurmAdapter:
 
     def _now(self) -> int:
         return int(self._clock())
+
+    def _guard_write(self) -> None:
+        """Raise (``LeaseLost``) when this process may no longer write to Slurm."""
+        if self._write_guard is not None:
+            self._write_guard()
 
     # ------------------------------------------------------------ live reads
 
@@ -604,8 +682,17 @@ class SlurmAdapter:
                               f"not ours ({job.comment!r:.80}): foreign, never written")
         return job
 
-    def _observe(self, job: SlurmJob, source: Source = Source.LIVE) -> ObjectObs:
-        return classify(job, source=source, cluster=self.cluster, now=self._now())
+    def _observe(self, job: SlurmJob, source: Source = Source.LIVE, *,
+                 now: int | None = None) -> ObjectObs:
+        return classify(job, source=source, cluster=self.cluster,
+                        now=self._now() if now is None else now, slurm_uids=self._slurm_uids())
+
+    def _slurm_uids(self) -> frozenset[int]:
+        """Whose cancels are Slurm's own: root, and the SlurmUser preflight found."""
+        caps = self.capabilities
+        if caps is None or caps.slurm_user_uid is None:
+            return DEFAULT_SLURM_UIDS
+        return DEFAULT_SLURM_UIDS | {caps.slurm_user_uid}
 
     def _ref(self, job: SlurmJob) -> ObjectRef:
         if job.submit_time is None:
@@ -657,9 +744,9 @@ class SlurmAdapter:
         result = outcome.result
         if not result.ok:
             error = slurm_failure(result, operation="sbatch")
-            if isinstance(error, TransientError):
+            if isinstance(error, TransientError) and not isinstance(error, ErrBackPressure):
                 return await self._rediscover(request, name, began=began, cause=error)
-            raise error
+            raise error  # a refusal: sbatch created nothing (ErrBackPressure: retry later)
         job_id = parse_parsable(result.stdout)
         if job_id is None:
             return await self._rediscover(request, name, began=began, cause=ProtocolError(
@@ -690,7 +777,7 @@ class SlurmAdapter:
     async def _submit(self, text: str) -> _Outcome:
         """Run one Start script in the next shared runner call; its own outcome."""
         future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
-        self._queued.append(_Queued(text, future))
+        self._queued.append(_Queued(text, future, len(text.encode())))
         self._schedule_kick()
         return await future
 
@@ -705,7 +792,13 @@ class SlurmAdapter:
         self._queued = [item for item in self._queued if not item.future.done()]
         while self._queued and self._flushing < self._start_parallel:
             free = self._start_parallel - self._flushing
-            size = min(self._start_batch, -(-len(self._queued) // free))
+            count = min(self._start_batch, -(-len(self._queued) // free))
+            size = total = 0
+            for item in self._queued[:count]:  # and at most start_batch_bytes (>= 1 script)
+                if size and total + item.size > self._start_batch_bytes:
+                    break
+                size += 1
+                total += item.size
             batch, self._queued = self._queued[:size], self._queued[size:]
             self._flushing += 1
             task = asyncio.get_running_loop().create_task(self._flush(batch))
@@ -716,6 +809,7 @@ class SlurmAdapter:
         try:
             text = batch_script([item.text for item in batch])
             timeout = self._timeout + 2.0 * (len(batch) - 1)
+            self._guard_write()  # the batch may have waited: the last moment to refuse
             try:
                 result = await self._runner.run_script(text, timeout=timeout)
             except TransientError as exc:
@@ -783,11 +877,15 @@ class SlurmAdapter:
         """Every live object of dispatch job ``job_id`` (one squeue call)."""
         return (await self.find_many([job_id]))[job_id]
 
-    async def find_many(self, job_ids: Collection[str]) -> dict[str, list[ObjectObs]]:
+    async def find_many(self, job_ids: Collection[str], *,
+                        strays: dict[str, list[ObjectObs]] | None = None,
+                        ) -> dict[str, list[ObjectObs]]:
         """Every live object of each dispatch job, with ONE squeue call for all of them.
 
         Only our user's jobs whose name is exactly ``dj-<ULID>`` of an asked-for id are
         returned; a job whose comment is not ours is returned with ``foreign=True``.
+        With ``strays``, the objects named ``dj-<ULID>`` of ids NOT asked for are put there
+        (from the same read): the late objects that no tracked record owns.
 
         A row byte-identical to one of the previous call's gives back the very same
         ``ObjectObs`` (its ``observed_at`` is when that row was first classified), unless
@@ -801,11 +899,12 @@ class SlurmAdapter:
                 naming.discovery_name(job_id)  # ErrInvalid for a malformed id, as ever
             self._valid_ids = ids
         found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in ids}
-        if ids:
-            await self._classified_rows(found)
+        if ids or strays is not None:
+            await self._classified_rows(found, strays)
         return found
 
-    async def _classified_rows(self, found: dict[str, list[ObjectObs]]) -> None:
+    async def _classified_rows(self, found: dict[str, list[ObjectObs]],
+                               strays: dict[str, list[ObjectObs]] | None = None) -> None:
         """Append to ``found[job id]`` the observation of each row of ours that
         ``_read_mine(names=<the names of found's ids>)`` would return, reusing the
         previous read's observation of each byte-identical row while it still holds:
@@ -830,7 +929,7 @@ class SlurmAdapter:
                 match = _OUR_ROW.match(line)
                 if match is None or naming.job_id_of_name(match.group(2)) is None:
                     continue
-                if match.group(2)[len(naming.NAME_PREFIX):] not in found:
+                if strays is None and match.group(2)[len(naming.NAME_PREFIX):] not in found:
                     continue
                 memo = self._classify_row(line, now)
             remembered[line] = memo
@@ -839,6 +938,8 @@ class SlurmAdapter:
                 into = wanted(memo[0])
                 if into is not None:
                     into.append(obs)
+                elif strays is not None:
+                    strays.setdefault(memo[0], []).append(obs)
         self._live_rows = remembered
 
     def _classify_row(self, line: str, now: int) -> _RowMemo:
@@ -851,10 +952,10 @@ class SlurmAdapter:
             if job.user != self.user:
                 continue
             name = job.name[len(naming.NAME_PREFIX):]
-            obs = classify(job, source=Source.LIVE, cluster=self.cluster, now=now)
-            for moment in (job.start_time, job.end_time):
-                if moment is not None and now < moment < until:
-                    until = moment
+            obs = self._observe(job, now=now)
+            expires = valid_until(job, now=now)  # classify's own clock rules
+            if expires is not None:
+                until = min(until, expires)
         return name, obs, now, until
 
     async def inspect(self, ref: ObjectRef) -> ObjectObs:
@@ -938,6 +1039,7 @@ class SlurmAdapter:
             return
         if self._observe(job).state is State.ENDED:
             return
+        self._guard_write()
         await self._checked_run(["scancel", f"--name={ref.uid}", str(ref.id)], "scancel")
         deadline = self._clock() + self._stop_confirm_s
         delay = 0.2
@@ -968,6 +1070,7 @@ class SlurmAdapter:
         if job.submit_time is None:
             raise ProtocolError(f"hold: job {ref.id} has no submit time")
         begin = holds.encode_hold(job.submit_time, instance)
+        self._guard_write()
         await self._checked_run(["scontrol", "update", f"JobId={ref.id}",
                                  f"StartTime={utc_text(begin)}"], "scontrol update StartTime")
         after = await self._identified(ref, "hold")
@@ -986,6 +1089,7 @@ class SlurmAdapter:
         if obs.state not in _NOT_STARTED:
             return
         if obs.hold_instance is not None:
+            self._guard_write()
             result = await self._run(["scontrol", "update", f"JobId={ref.id}",
                                       "StartTime=now"])
             if not result.ok:
@@ -994,12 +1098,14 @@ class SlurmAdapter:
                     return  # it started meanwhile: released
                 raise error
         if job.reason == "JobHeldUser" and (job.restart_count or 0) == 0:
+            self._guard_write()
             await self._checked_run(["scontrol", "release", str(ref.id)], "scontrol release")
 
     async def requeue(self, ref: ObjectRef) -> None:
         """``scontrol requeue`` of ``ref``'s object. ErrConflict when it is pending;
         ErrUnsupported when requeue is disabled for it (``--no-requeue``)."""
         await self._identified(ref, "requeue")
+        self._guard_write()
         await self._checked_run(["scontrol", "requeue", str(ref.id)], "scontrol requeue")
 
     # ------------------------------------------------------------ Output
@@ -1185,6 +1291,8 @@ class SlurmAdapter:
         warnings: list[str] = []
         out_dir = script.check_output_dir(self._settings.output_dir)
         probe = (f"D={script.shell_path(out_dir)}\n"
+                 f"for c in {' '.join(REQUIRED_COMMANDS)}; do command -v \"$c\" >/dev/null"
+                 " || echo \"missing $c\"; done\n"
                  'mkdir -p -- "$D" && P="$D/.dispatch-preflight.$$" && '
                  "printf 'probe\\n' >\"$P\" && rm -f -- \"$P\"\n")
         version_res, config_res, whoami_res, dir_res = await asyncio.gather(
@@ -1218,6 +1326,11 @@ class SlurmAdapter:
         if min_job_age is not None and min_job_age < 60 and not accounting:
             warnings.append(f"MinJobAge={min_job_age}s without accounting: ended jobs vanish "
                             "before a tick may see them")
+        missing = tuple(line.split(" ", 1)[1] for line in dir_res.stdout.splitlines()
+                        if line.startswith("missing "))
+        if missing:
+            warnings.append("missing on the Slurm host: " + ", ".join(missing))
+        slurm_user = re.fullmatch(r".*\(([0-9]+)\)", _config_value(config, "SlurmUser") or "")
         requeue_text = _config_value(config, "JobRequeue")
         cluster_name = _config_value(config, "ClusterName")
         if cluster_name is not None and cluster_name != self.cluster:
@@ -1244,9 +1357,17 @@ class SlurmAdapter:
             output_dir_writable=dir_res.ok,
             cluster_name=cluster_name,
             warnings=tuple(warnings),
+            slurm_user_uid=int(slurm_user.group(1)) if slurm_user else None,
+            missing_commands=missing,
         )
         self.capabilities = capabilities
         return capabilities
+
+    async def check_preflight(self) -> list[str]:
+        """Preflight, then what the daemon needs and the cluster lacks
+        (``preflight_problems``): the shape ``daemon.service`` calls at start and on
+        gaining leadership."""
+        return preflight_problems(await self.preflight())
 
 
 def _ending(obs: ObjectObs, job: SlurmJob) -> bool:

@@ -20,7 +20,8 @@ Normalisation rules worth knowing (the rest is in the helpers' docstrings):
 * Slurm's reason ``None`` (WAIT_NO_REASON) becomes ``""``; comments ``""``/``(null)`` None;
 * single-string states (22.05, v0.0.39, squeue text) print a *flag* in place of the base
   state when one is set (``COMPLETING`` for any ending or requeueing job); such a
-  record has ``base_state == ""`` (not reported) and the flag in ``flags``;
+  record has ``base_state == ""`` (not reported) and the flag in ``flags``. A text state
+  of several comma-separated words (``CANCELLED,COMPLETING``) is base then flags;
 * exit codes become ``return_code`` (normal exit) or ``signal`` (killed). 22.05 squeue
   JSON prints the raw wait status (768 = exit 3, 15 = SIGTERM). sacct JSON before
   v0.0.40 reports ``SUCCESS``/0 for every normal exit, even exit 3 (a Slurm bug), so
@@ -308,6 +309,7 @@ def _sacct_job(raw: object, dialect: JsonDialect, path: str, cluster: str) -> Sl
         cluster=_opt_str(job.get("cluster"), f"{path}.cluster") or cluster,
         kill_request_user=_opt_str(job.get("kill_request_user"),
                                    f"{path}.kill_request_user") or None,
+        requester_recorded="kill_request_user" in job,
         state_text=state_text,
     )
 
@@ -512,7 +514,7 @@ _NO_LIMITS = frozenset({"", "N/A", "NONE", "UNLIMITED", "Partition_Limit", "INFI
 _DURATION_RE = re.compile(
     r"(?:(?P<days>[0-9]+)-(?P<dh>[0-9]+)(?::(?P<dm>[0-9]+)(?::(?P<ds>[0-9]+))?)?)"
     r"|(?:(?P<a>[0-9]+)(?::(?P<b>[0-9]+)(?::(?P<c>[0-9]+))?)?)")
-_SACCT_STATE_RE = re.compile(r"(?P<word>[A-Z_]+)(?: by (?P<uid>[0-9]+))?")
+_SACCT_STATE_RE = re.compile(r"(?P<words>[A-Z_]+(?:,[A-Z_]+)*)(?: by (?P<uid>[0-9]+))?")
 _STEP_ID_RE = re.compile(r"[0-9]+\.[A-Za-z0-9_+.-]+")
 _EXIT_PAIR_RE = re.compile(r"(?P<code>[0-9]+):(?P<signal>[0-9]+)")
 
@@ -660,6 +662,13 @@ def _exit_pair(pair: re.Match[str]) -> tuple[int | None, int | None]:
     return code, None
 
 
+def _compact_agrees(words: list[str], compact: str) -> bool:
+    """StateCompact is the code of the base state or of one of the flags printed with it
+    (``CANCELLED,COMPLETING`` is ``CG``); a state word we do not know says nothing."""
+    codes = [_COMPACT[word] for word in words if word in _COMPACT]
+    return not codes or compact in codes
+
+
 def _text_cluster(text: str) -> str:
     return "" if text in ("(null)", "N/A") else text
 
@@ -685,9 +694,10 @@ def parse_squeue_text(text: str, *,
     for number, row in _text_rows(text, columns, trailing_separator=True, command="squeue"):
         where = f"squeue line {number}"
         state_text = row["State"]
-        base, flags = split_state_words([_word(state_text, f"{where} State")])
+        words = [_word(word, f"{where} State") for word in state_text.split(",")]
+        base, flags = split_state_words(words)
         compact = row.get("StateCompact")
-        if compact is not None and _COMPACT.get(state_text, compact) != compact:
+        if compact is not None and not _compact_agrees(words, compact):
             raise ProtocolError(
                 f"{where}: State {state_text!r} disagrees with StateCompact {compact!r}")
         reason, description = _text_reason(row["Reason"])
@@ -745,7 +755,7 @@ def parse_sacct_text(text: str, *,
         state = _SACCT_STATE_RE.fullmatch(row["State"])
         if state is None:
             raise ProtocolError(f"{where}: not a sacct state: {row['State']!r:.80}")
-        base, flags = split_state_words([state.group("word")])
+        base, flags = split_state_words(state.group("words").split(","))
         user = row.get("User") or None
         kill_request_user = None
         if state.group("uid") is not None:
@@ -779,6 +789,7 @@ def parse_sacct_text(text: str, *,
             requeue=None,
             cluster=_text_cluster(row.get("Cluster", "")),
             kill_request_user=kill_request_user,
+            requester_recorded="UID" in row,
             state_text=row["State"],
         ))
     return jobs

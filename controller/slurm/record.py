@@ -37,4 +37,7 @@ class SlurmJob:
     requeue: bool | None
     cluster: str
     kill_request_user: str | None = None  # sacct: who cancelled it
+    # sacct: the record says who asked for a cancel, so kill_request_user None means nobody
+    # did (Slurm ended the job by itself, e.g. the flush after slurmctld lost its state)
+    requester_recorded: bool = False
     state_text: str = ""  # the raw state as printed, for details

@@ -1,0 +1,78 @@
+"""Preflight (issue 9): what the daemon needs and the cluster lacks (``preflight_problems``),
+``dispatchctl preflight`` exiting non-zero on it, and the real cluster passing it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+from typing import Any
+
+import pytest
+
+from controller import cli, cli_jobs, wiring  # cli first: cli and cli_jobs import each other
+from controller.runner import Runner
+from controller.slurm.adapter import Capabilities, SlurmAdapter, preflight_problems
+from tests.slurm_fixtures import *  # noqa: F403
+from tests.slurm_fixtures import SlurmEnv, make_adapter
+
+GOOD = Capabilities(slurm_version="22.05.8", accounting_history=True, job_comment=True,
+                    whoami=True, output_dir_writable=True, cluster_name="lab")
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    pytest.param({}, None, id="all-there"),
+    pytest.param({"accounting_history": False, "job_comment": False}, None,
+                 id="accounting-is-optional"),
+    pytest.param({"cluster_name": "other"}, None, id="cluster-name-is-a-warning"),
+    pytest.param({"slurm_version": "21.08.8"}, "outside the supported", id="too-old"),
+    pytest.param({"slurm_version": "27.05.0"}, "outside the supported", id="too-new"),
+    pytest.param({"slurm_version": "banana"}, "unreadable Slurm version", id="no-version"),
+    pytest.param({"whoami": False}, "squeue --me", id="no-squeue-me"),
+    pytest.param({"output_dir_writable": False}, "output.dir", id="output-dir"),
+    pytest.param({"missing_commands": ("sbatch", "scancel")}, "sbatch, scancel",
+                 id="missing-commands"),
+])
+def test_preflight_problems(changes: dict[str, Any], problem: str | None) -> None:
+    problems = preflight_problems(dataclasses.replace(GOOD, **changes))
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+class _FakeAdapter:
+    def __init__(self, caps: Capabilities) -> None:
+        self.caps = caps
+
+    async def preflight(self) -> Capabilities:
+        return self.caps
+
+
+class _NoRunner:
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("caps", "code"), [
+    pytest.param(GOOD, cli.EXIT_OK, id="ok"),
+    pytest.param(dataclasses.replace(GOOD, whoami=False), cli.EXIT_FAILURE, id="lacking"),
+])
+def test_dispatchctl_preflight_exit_status(monkeypatch: pytest.MonkeyPatch,
+                                           caps: Capabilities, code: int) -> None:
+    monkeypatch.setattr(wiring, "build_runner", lambda config: _NoRunner())
+    monkeypatch.setattr(wiring, "build_adapter", lambda config, runner: _FakeAdapter(caps))
+    out, err = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(config=None, output="text")
+    assert cli_jobs._preflight(args, cli.Streams(out, err)) == code
+    assert ("squeue --me" in err.getvalue()) == (code == cli.EXIT_FAILURE)
+
+
+@pytest.mark.slurm
+async def test_the_lab_cluster_has_what_the_daemon_needs(slurm: SlurmEnv,
+                                                        local_runner: Runner) -> None:
+    adapter: SlurmAdapter = make_adapter(slurm, local_runner)
+    assert await adapter.check_preflight() == []
+    assert adapter.capabilities is not None
+    assert adapter.capabilities.slurm_user_uid == 0  # SlurmUser=root(0) on the lab cluster
+    assert adapter.capabilities.missing_commands == ()
