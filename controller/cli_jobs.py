@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 from controller.cli import (
@@ -26,11 +28,12 @@ from controller.cli import (
 from controller.client import TERMINAL, Client
 from controller.errors import ErrInvalid, ErrNotFound
 from controller.model.ids import new_job_id, parse_job_id
+from controller.model.job import Desired
 from controller.model.obs import ObjectRef
 from controller.model.spec import parse_job_document
-from controller.reconcile.plan import Desired
 from controller.store import repo
 from controller.store.db import redact_url
+from controller.store.lease import read_lease
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -92,7 +95,18 @@ def _run(args: argparse.Namespace, streams: Streams) -> int:
     elif store.current_revision() is None:
         raise ErrInvalid("the database has no schema yet: run 'dispatchctl migrate' first "
                          "(or 'dispatchctl run --migrate')", field="database")
-    daemon = Daemon(config, store=store, adapter=parts["adapter"], metrics=parts["metrics"])
+    adapter = parts["adapter"]
+
+    async def preflight() -> list[str]:
+        from controller.slurm.adapter import preflight_problems
+
+        caps = await adapter.preflight()
+        logging.getLogger("dispatch.preflight").info(
+            "preflight: what the cluster supports", extra={"capabilities": asdict(caps)})
+        return preflight_problems(caps)
+
+    daemon = Daemon(config, store=store, adapter=adapter, metrics=parts["metrics"],
+                    lease=parts["lease"], preflight=preflight)
 
     async def main() -> None:
         try:
@@ -173,7 +187,7 @@ def _get(args: argparse.Namespace, streams: Streams) -> int:
 
 
 def _configure_describe(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("id", help="job id")
+    parser.add_argument("id", nargs="?", help="job id (none: only the leader lease)")
 
 
 def _ts(epoch: int | None) -> str:
@@ -187,12 +201,23 @@ def _describe(args: argparse.Namespace, streams: Streams) -> int:
     try:
         _store_ready(client)
         with client.store.transaction() as tx:
-            (view,) = repo.list_jobs(tx, job_id=args.id)
-            subs = repo.list_submissions(tx, args.id)
-            events = repo.list_events(tx, args.id)
+            lease = read_lease(tx)
+            if args.id is not None:
+                (view,) = repo.list_jobs(tx, job_id=args.id)
+                subs = repo.list_submissions(tx, args.id)
+                events = repo.list_events(tx, args.id)
     finally:
         client.close()
     out = streams.stdout
+    if lease is None:
+        print("Leader:      - (no daemon has taken the lease yet)", file=out)
+    else:
+        left = lease.expires_at - time.time()
+        print(f"Leader:      {lease.holder} (epoch {lease.epoch}, "
+              + (f"expires in {left:.0f}s)" if left > 0 else f"expired {-left:.0f}s ago)"),
+              file=out)
+    if args.id is None:
+        return EXIT_OK
     print(f"ID:          {view.id}", file=out)
     print(f"Phase:       {view.phase}", file=out)
     print(f"Desired:     {view.desired} (generation {view.generation})", file=out)
@@ -287,9 +312,20 @@ def _wait(args: argparse.Namespace, streams: Streams) -> int:
         client.close()
     if live:
         print(file=streams.stderr)
-    print(json.dumps({k: view[k] for k in ("id", "phase", "cause", "exit_code", "attempt")},
+    print(json.dumps({k: view[k] for k in ("id", "phase", "cause", "exit_code", "attempt",
+                                           "warning")},
                      sort_keys=True), file=streams.stdout)
-    return EXIT_OK if view["phase"] == "succeeded" else EXIT_FAILURE
+    return _WAIT_EXIT.get((view["phase"], bool(view.get("warning"))), EXIT_FAILURE)
+
+
+# ``dispatchctl wait`` exit status (README): 0 succeeded; 3 failed with a warning (its
+# recovery budget spent under ``on_exhausted: warn``: the workflow may go on); 1 any other
+# ending (failed, cancelled, rejected) or a timeout
+EXIT_WARNING = 3
+_WAIT_EXIT: dict[tuple[str, bool], int] = {
+    ("succeeded", False): EXIT_OK,
+    ("failed", True): EXIT_WARNING,
+}
 
 
 # ---------------------------------------------------------------- logs, preflight
@@ -345,25 +381,29 @@ def _configure_preflight(parser: argparse.ArgumentParser) -> None:
 def _preflight(args: argparse.Namespace, streams: Streams) -> int:
     import dataclasses
 
+    from controller.slurm.adapter import preflight_problems
     from controller.wiring import build_adapter, build_runner
 
     config = _config(args)
 
-    async def main() -> dict[str, Any]:
+    async def main() -> tuple[dict[str, Any], list[str]]:
         runner = build_runner(config)
         try:
-            caps = await build_adapter(config, runner).preflight()
+            found = await build_adapter(config, runner).preflight()
         finally:
             await runner.close()
-        return dataclasses.asdict(caps)
+        return dataclasses.asdict(found), preflight_problems(found)
 
-    caps = asyncio.run(main())
+    caps, problems = asyncio.run(main())
     if args.output == "json":
-        print(json.dumps(caps, indent=2, sort_keys=True, default=str), file=streams.stdout)
+        print(json.dumps({**caps, "problems": problems}, indent=2, sort_keys=True,
+                         default=str), file=streams.stdout)
     else:
         for key, value in caps.items():
             print(f"{key:<24} {value}", file=streams.stdout)
-    return EXIT_OK if not caps.get("errors") else EXIT_FAILURE
+    for problem in problems:  # what the daemon needs and the cluster lacks
+        print(f"preflight: {problem}", file=streams.stderr)
+    return EXIT_FAILURE if problems else EXIT_OK
 
 
 def register(commands: dict[str, Command]) -> None:

@@ -124,6 +124,10 @@ class DaemonConfig:
     sacct_window_s: int = 7 * 24 * 3600
     cluster_stats_interval_s: float = 60.0
     slurm_rate_per_s: float = 20.0
+    # the leader lease: a standby takes over within lease_ttl_s of the leader's last
+    # renewal; the leader makes no Slurm write in the last lease_margin_s of its lease
+    lease_ttl_s: float = 30.0
+    lease_margin_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +169,8 @@ class Config:
 _PLACEMENT_KEYS = ("partition", "account", "qos", "reservation", "constraint", "nodelist",
                    "exclude", "exclusive")
 _DAEMON_KEYS = ("tick_interval_s", "metrics_host", "metrics_port", "unknown_grace_s",
-                "sacct_window_s", "cluster_stats_interval_s", "slurm_rate_per_s")
+                "sacct_window_s", "cluster_stats_interval_s", "slurm_rate_per_s",
+                "lease_ttl_s", "lease_margin_s")
 _GROUPS = ("cluster", "transport", "output", "environment", "defaults", "database", "daemon")
 
 
@@ -347,7 +352,7 @@ def _daemon(doc: Mapping[str, Any]) -> DaemonConfig:
             return default
         return _seconds(table[key], f"daemon.{key}", allow_zero=allow_zero)
 
-    return DaemonConfig(
+    daemon = DaemonConfig(
         tick_interval_s=seconds("tick_interval_s", base.tick_interval_s),
         metrics_host=(_string(table["metrics_host"], "daemon.metrics_host")
                       if "metrics_host" in table else base.metrics_host),
@@ -361,7 +366,15 @@ def _daemon(doc: Mapping[str, Any]) -> DaemonConfig:
         cluster_stats_interval_s=seconds("cluster_stats_interval_s",
                                          base.cluster_stats_interval_s),
         slurm_rate_per_s=seconds("slurm_rate_per_s", base.slurm_rate_per_s),
+        lease_ttl_s=seconds("lease_ttl_s", base.lease_ttl_s),
+        lease_margin_s=seconds("lease_margin_s", base.lease_margin_s, allow_zero=True),
     )
+    if daemon.lease_margin_s >= daemon.lease_ttl_s:
+        raise ErrInvalid("must be shorter than daemon.lease_ttl_s", field="daemon.lease_margin_s")
+    if daemon.tick_interval_s >= daemon.lease_ttl_s - daemon.lease_margin_s:
+        raise ErrInvalid("must be shorter than daemon.lease_ttl_s - daemon.lease_margin_s "
+                         "(the lease is renewed every tick)", field="daemon.tick_interval_s")
+    return daemon
 
 
 # ---------------------------------------------------------------- entry points

@@ -63,6 +63,17 @@ class TransientError(DispatchError):
         self.retry_after = retry_after
 
 
+class ErrBackPressure(TransientError):
+    """Slurm refused a submission for a limit that frees itself (``MaxSubmitJobs``,
+    ``QOSMaxSubmitJobPerUserLimit``, ...): nothing was created; keep the intent's job,
+    back off and submit again when room appears. Never a job failure."""
+
+
+class LeaseLost(DispatchError):
+    """This process no longer holds the leader lease (or it is too close to expiry to
+    act): it must make no write to Slurm or the database until it holds a lease again."""
+
+
 class CommandFailed(DispatchError):
     """A command ran and exited non-zero with an error that is not classified further."""
 

@@ -64,8 +64,13 @@ class Metrics:
                               registry=r)
         self.accounting_up = Gauge("dispatch_slurm_accounting_up", "1 when the last sacct read "
                                    "succeeded (or none was needed).", registry=r)
-        self.leader = Gauge("dispatch_leader", "1 when this daemon holds the leader lock.",
+        self.leader = Gauge("dispatch_leader", "1 when this daemon holds the leader lease.",
                             registry=r)
+        self.leader_epoch = Gauge("dispatch_leader_epoch", "The lease epoch this daemon "
+                                  "holds (0 when it stands by).", registry=r)
+        self.leader_info = Gauge("dispatch_leader_info", "1 for the lease holder and epoch "
+                                 "this daemon last saw in the database.",
+                                 ["holder", "epoch"], registry=r)
         self.cluster_running = Gauge("dispatch_cluster_jobs_running", "Running jobs on the "
                                      "whole cluster (all users).", registry=r)
         self.cluster_pending = Gauge("dispatch_cluster_jobs_pending", "Pending jobs on the "
@@ -89,6 +94,15 @@ class Metrics:
         self.slurm_duration.labels(command=command).observe(duration_s)
         if not ok:
             self.slurm_errors.labels(command=command).inc()
+
+    def set_leader(self, *, held: bool, epoch: int | None, holder: str | None,
+                   seen_epoch: int | None) -> None:
+        """This daemon's part in the lease, and the holder it last saw."""
+        self.leader.set(1 if held else 0)
+        self.leader_epoch.set(epoch if held and epoch is not None else 0)
+        self.leader_info.clear()
+        if holder is not None and seen_epoch is not None:
+            self.leader_info.labels(holder=holder, epoch=str(seen_epoch)).set(1)
 
     def set_phase_counts(self, counts: Mapping[str, int]) -> None:
         for phase in PHASES:

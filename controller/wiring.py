@@ -23,6 +23,7 @@ from controller.runner.local import LocalRunner
 from controller.runner.ssh import SSHRunner
 from controller.slurm.adapter import SlurmAdapter
 from controller.store.db import Store
+from controller.store.lease import Lease
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -75,19 +76,30 @@ def build_runner(config: Config, *, observer: Callable[[str, float, bool], None]
 
 
 def build_adapter(config: Config, runner: Runner, *,
-                  clock: Callable[[], float] = time.time) -> SlurmAdapter:
+                  clock: Callable[[], float] = time.time,
+                  write_guard: Callable[[], None] | None = None) -> SlurmAdapter:
     return SlurmAdapter(runner, cluster=config.cluster.name, settings=config.start_settings(),
                         user=slurm_user(config), clock=clock,
-                        command_timeout=config.transport.command_timeout_s)
+                        command_timeout=config.transport.command_timeout_s,
+                        write_guard=write_guard)
 
 
 def build_store(config: Config) -> Store:
-    return Store(config.database.url)
+    # a stopped leader's open transaction (and its lock on the lease row) is ended by the
+    # server well before its lease expires, so the standby is never blocked behind it
+    return Store(config.database.url, idle_tx_timeout_s=config.daemon.lease_ttl_s / 2)
+
+
+def build_lease(config: Config, store: Store) -> Lease:
+    return Lease(store, ttl_s=config.daemon.lease_ttl_s, margin_s=config.daemon.lease_margin_s)
 
 
 def build_all(config: Config) -> dict[str, Any]:
+    """The daemon's parts: every Slurm write of the adapter is guarded by the lease."""
     metrics = Metrics()
     runner = build_runner(config, observer=metrics.observe_command)
-    adapter = build_adapter(config, runner)
-    return {"metrics": metrics, "runner": runner, "adapter": adapter,
-            "store": build_store(config)}
+    store = build_store(config)
+    lease = build_lease(config, store)
+    adapter = build_adapter(config, runner, write_guard=lease.guard)
+    return {"metrics": metrics, "runner": runner, "adapter": adapter, "store": store,
+            "lease": lease}

@@ -59,7 +59,9 @@ class FakeSlurm:
             raise TransientError("connection dropped after sbatch")
         return obs.ref
 
-    async def find_many(self, job_ids: Collection[str]) -> dict[str, list[ObjectObs]]:
+    async def find_many(self, job_ids: Collection[str], *,
+                        strays: dict[str, list[ObjectObs]] | None = None,
+                        ) -> dict[str, list[ObjectObs]]:
         self.calls.append("find_many")
         if self.fail_live:
             raise TransientError("slurmctld unreachable")
@@ -69,6 +71,8 @@ class FakeSlurm:
             jid = fj.obs.ref.uid[3:]
             if jid in wanted:
                 out.setdefault(jid, []).append(fj.obs)
+            elif strays is not None:
+                strays.setdefault(jid, []).append(fj.obs)
         return out
 
     async def inspect_many(self, refs: Sequence[ObjectRef], *,

@@ -542,7 +542,8 @@ def pg_role_database(password: str) -> Iterator[str]:
 
 def config_text(*, database_url: str, port: int, transport: str = "local",
                 env: Mapping[str, str] | None = None, tick_s: float = 1.0,
-                unknown_grace_s: int = 600, command_timeout_s: int = 30) -> str:
+                unknown_grace_s: int = 600, command_timeout_s: int = 30,
+                extra: str = "") -> str:
     if transport == "ssh":
         assert env is not None
         transport_table = f"""kind = "ssh"
@@ -569,6 +570,7 @@ metrics_port = {port}
 unknown_grace_s = {unknown_grace_s}
 cluster_stats_interval_s = 5
 slurm_rate_per_s = 200
+{extra}
 """
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.fault_support import SUMMARY_FILE, emit, format_table, session_rows
 
-FAULTS = ("1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ")
+FAULTS = ("1 ", "2 ", "3 ", "4 ", "5 ", "6 ", "7 ", "8 ")
 
 
 def test_fault_summary_table(capsys: pytest.CaptureFixture[str]) -> None:

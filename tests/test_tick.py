@@ -8,8 +8,8 @@ import pytest
 
 from controller.errors import TransientError
 from controller.metrics import Metrics
+from controller.model.job import Desired
 from controller.model.obs import CauseKind, State
-from controller.reconcile.plan import Desired
 from controller.reconcile.tick import Reconciler, TickSettings
 from controller.store import repo
 from controller.store.db import Store

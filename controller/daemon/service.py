@@ -2,9 +2,15 @@
 
 - ``AsyncIOScheduler`` runs the tick with ``max_instances=1, coalesce=True``; a
   PostgreSQL NOTIFY (a client wrote a job) or the first start wakes it at once.
-- Only the holder of the leader lock ticks; the others stand by and retry.
-- SIGTERM/SIGINT: finish the tick in progress, release the lock, exit 0. Jobs are
-  never cancelled on shutdown.
+- Only the holder of the leader lease (``controller.store.lease``) ticks; the others
+  stand by and try to take it every tick. The lease is renewed before every tick (and by
+  the fence when a tick runs long); the tick's writes are fenced on its epoch, and its
+  Slurm writes stop at the lease deadline minus a margin: a leader that stalled (SIGSTOP,
+  a stuck loop) past its lease wakes up as a standby and writes nothing.
+- On gaining the lease: forget everything remembered (the next tick reloads every job)
+  and run preflight, logging what the cluster supports.
+- SIGTERM/SIGINT: finish the tick in progress, release the lease (a standby takes over at
+  once), exit 0. Jobs are never cancelled on shutdown.
 """
 
 from __future__ import annotations
@@ -14,37 +20,44 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from controller.config import Config
 from controller.daemon.http import HealthServer
-from controller.errors import DispatchError
+from controller.errors import DispatchError, LeaseLost
 from controller.metrics import Metrics
 from controller.reconcile.ports import SlurmPort
 from controller.reconcile.tick import Clock, Reconciler, TickSettings
 from controller.store import notify
 from controller.store.db import Store
-from controller.store.lock import LeaderLock
+from controller.store.lease import Lease, LeaseInfo, read_lease
 
 log = logging.getLogger("dispatch.daemon")
 
 
 class Daemon:
     def __init__(self, config: Config, *, store: Store, adapter: SlurmPort, metrics: Metrics,
-                 clock: Clock = time.time) -> None:
+                 clock: Clock = time.time, lease: Lease | None = None,
+                 preflight: Callable[[], Awaitable[list[str]]] | None = None) -> None:
         self.config = config
         self.store = store
         self.adapter = adapter
         self.metrics = metrics
         self.clock = clock
         d = config.daemon
+        self.lease = lease if lease is not None else Lease(
+            store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, clock=clock)
         self.reconciler = Reconciler(store, adapter, metrics=metrics, clock=clock,
                                      settings=TickSettings(
                                          unknown_grace_s=int(d.unknown_grace_s),
-                                         sacct_window_s=d.sacct_window_s))
-        self.lock = LeaderLock(store)
+                                         sacct_window_s=d.sacct_window_s),
+                                     fence=self.lease)
+        self._held_epoch: int | None = None  # the epoch the last tick ran under
+        self.seen: LeaseInfo | None = None  # the lease row as last read
+        self.preflight = preflight
         self.stop_event = asyncio.Event()
         self._tick_lock = asyncio.Lock()
         self._scheduler: AsyncIOScheduler | None = None
@@ -58,13 +71,37 @@ class Daemon:
         if self.stop_event.is_set():
             return
         async with self._tick_lock:
-            leader = await asyncio.to_thread(self.lock.try_acquire)
-            self.metrics.leader.set(1 if leader else 0)
+            leader = await asyncio.to_thread(self.lease.try_acquire)
+            await asyncio.to_thread(self._read_lease)
             if not leader:
-                log.info("standing by: another daemon holds the leader lock")
+                if self._held_epoch is not None:
+                    log.warning("stood down: the lease moved; no further writes",
+                                extra={"epoch": self._held_epoch,
+                                       "holder": self.seen.holder if self.seen else None})
+                    self._stand_down()
+                else:
+                    log.info("standing by: another daemon holds the lease",
+                             extra={"holder": self.seen.holder if self.seen else None,
+                                    "epoch": self.seen.epoch if self.seen else None})
+                self._publish_leader()
                 return
+            if self.lease.epoch != self._held_epoch:
+                self.reconciler.forget()  # another leader may have acted meanwhile
+                self._held_epoch = self.lease.epoch
+                log.info("leading", extra={"holder": self.lease.holder,
+                                           "epoch": self.lease.epoch})
+                await self._run_preflight()
+            self._publish_leader()
             try:
                 report = await self.reconciler.tick()
+            except LeaseLost as exc:
+                log.warning("stood down: lease lost during the tick; no further writes",
+                            extra={"epoch": self._held_epoch, "error": str(exc)})
+                self.lease.drop()
+                self._stand_down()
+                self._publish_leader()
+                self.metrics.ticks.labels(result="error").inc()
+                return
             except DispatchError as exc:
                 log.warning("tick failed", extra={"error": str(exc)})
                 self.metrics.ticks.labels(result="error").inc()
@@ -74,12 +111,48 @@ class Daemon:
                 self.metrics.ticks.labels(result="error").inc()
                 return
             self.ticks += 1
+            if report.replan_soon:  # an action's outcome waits for its plan: at once
+                self.wake()
             log.info("tick", extra={"tracked": report.tracked, "actions": dict(report.actions),
                                     "errors": len(report.errors), "slurm_ok": report.slurm_ok,
+                                    "epoch": self.lease.epoch,
                                     "seconds": round(report.duration_s, 3)})
 
+    def _stand_down(self) -> None:
+        self._held_epoch = None
+        self.reconciler.forget()
+
+    def _read_lease(self) -> None:
+        try:
+            with self.store.transaction() as tx:
+                self.seen = read_lease(tx, self.lease.name)
+        except DispatchError:
+            pass  # the last one seen stays
+
+    def _publish_leader(self) -> None:
+        seen = self.seen
+        self.metrics.set_leader(held=self.lease.held, epoch=self.lease.epoch,
+                                holder=seen.holder if seen else None,
+                                seen_epoch=seen.epoch if seen else None)
+
+    async def _run_preflight(self) -> None:
+        """On gaining the lease: what does the cluster support? Logged, never fatal here
+        (``dispatchctl preflight`` is the strict check)."""
+        if self.preflight is None:
+            return
+        try:
+            problems = await self.preflight()
+        except DispatchError as exc:
+            log.warning("preflight failed", extra={"error": str(exc)})
+            return
+        if problems:
+            log.warning("preflight: the cluster lacks what the daemon needs",
+                        extra={"problems": problems})
+        else:
+            log.info("preflight ok")
+
     async def refresh_cluster_stats(self) -> None:
-        if not self.lock.held:
+        if not self.lease.held:
             return
         try:
             stats = await self.adapter.cluster_stats()
@@ -104,13 +177,15 @@ class Daemon:
     async def ready(self) -> tuple[bool, str]:
         if not await asyncio.to_thread(self.store.ping):
             return False, "database unreachable"
-        if not self.lock.held:
-            return True, "standby (not leader)"
+        seen = self.seen
+        who = f"holder={seen.holder} epoch={seen.epoch}" if seen else "no lease yet"
+        if not self.lease.held:
+            return True, f"standby (not leader); {who}"
         last = self.reconciler.last_success
         limit = max(3 * self.config.daemon.tick_interval_s, 30)
         if last is None or self.clock() - last > limit:
-            return False, "no successful tick recently"
-        return True, "ok"
+            return False, f"no successful tick recently; {who}"
+        return True, f"ok; leader {who}"
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,5 +223,5 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
         await self.http.close()
-        await asyncio.to_thread(self.lock.release)
+        await asyncio.to_thread(self.lease.release)
         log.info("daemon stopped")

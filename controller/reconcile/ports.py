@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller.model.obs import ObjectObs, ObjectRef, StartRequest
 
@@ -30,7 +30,9 @@ class SlurmPort(Protocol):
 
     async def start(self, request: StartRequest) -> ObjectRef: ...
 
-    async def find_many(self, job_ids: Collection[str]) -> dict[str, list[ObjectObs]]: ...
+    async def find_many(self, job_ids: Collection[str], *,
+                        strays: dict[str, list[ObjectObs]] | None = None,
+                        ) -> dict[str, list[ObjectObs]]: ...
 
     async def inspect_many(self, refs: Sequence[ObjectRef], *,
                            since: int) -> dict[ObjectRef, ObjectObs]: ...
@@ -44,3 +46,30 @@ class SlurmPort(Protocol):
     async def missing_paths(self, paths: Sequence[str]) -> list[str]: ...
 
     async def cluster_stats(self) -> ClusterStats: ...
+
+
+class Fence(Protocol):
+    """The leader lease as the tick sees it (``controller.store.lease.Lease``).
+
+    ``check(tx)`` is the first statement of every write transaction (raises
+    ``LeaseLost`` when the lease moved); ``guard()`` runs before every Slurm write (raises
+    ``LeaseLost`` past the lease deadline minus the safety margin); ``epoch`` is the epoch
+    held, recorded on the intents."""
+
+    epoch: int | None
+
+    def check(self, tx: Any) -> None: ...
+
+    def guard(self) -> None: ...
+
+
+class NoFence:
+    """For a controller that runs alone by construction (tests, one-shot tools)."""
+
+    epoch: int | None = None
+
+    def check(self, tx: Any) -> None:
+        return None
+
+    def guard(self) -> None:
+        return None

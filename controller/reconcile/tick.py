@@ -8,7 +8,7 @@ Order inside a tick (crash-safe at every line):
    rejected);
 3. ``plan`` each job that needs it (pure), its row read in full;
 4. commit statuses, events and submission *intents* in one transaction (per chunk);
-5. apply the Slurm actions (each behind the adapter's identity check); a Submit
+5. apply that chunk's Slurm actions (each behind the adapter's identity check); a Submit
    runs gated, its ref is committed, and only then is the gate released;
 6. record what the actions returned.
 A crash between 4 and 6 leaves intents and gated objects that the next tick adopts.
@@ -28,15 +28,17 @@ Incremental, still level-triggered (what makes a steady-state tick cheap at 100k
 * **plan**: a job is not planned again when its last plan was *quiet* -- no action, no
   submission row, no event, no status write, no accounting read -- and its inputs are
   the same as then (row versions, live observations, down nodes and settings) and none
-  of its clock triggers is due (``_recheck_at``). ``plan`` is pure, so planning it again
+  of its clock triggers is due (``Plan.recheck_at``). ``plan`` is pure, so planning it again
   would give the same quiet plan: its status stands. Every job is planned again at least
   every ``replan_s`` (spread by job id), whatever the analysis says;
 * **store**: quiet plans write nothing; a steady tick runs no per-row statement.
 
 With many jobs to plan (the first tick after taking the lead), they are loaded, planned
-and committed ``plan_chunk`` at a time, each chunk in its own transaction, all before
-any action is applied: memory stays bounded, and intents are still committed before
-their Submit runs.
+and committed ``plan_chunk`` at a time, each chunk in its own transaction, and each
+chunk's actions are applied right after its commit: memory stays bounded, intents are
+still committed before their Submit runs, and the jobs likely to act (new ones, ones a
+client changed, ones without a plain pending or running object: ``_likely_to_act``) are
+planned first, so a new leader's first Slurm write comes after one chunk, not after all.
 """
 
 from __future__ import annotations
@@ -47,46 +49,49 @@ import logging
 import time
 import zlib
 from collections import Counter as CountOf
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from controller.errors import (
     DispatchError,
+    ErrBackPressure,
     ErrInvalid,
     ErrUnsupported,
+    LeaseLost,
     ProtocolError,
     TransientError,
 )
 from controller.metrics import Metrics
 from controller.model.ids import JobID, is_job_id
+from controller.model.job import (
+    TERMINAL_PHASES,
+    JobState,
+    PlannedEvent,
+)
 from controller.model.obs import (
-    Cause,
-    CauseKind,
     ObjectObs,
     ObjectRef,
-    Provenance,
     StartRequest,
     State,
 )
 from controller.reconcile.plan import (
-    TERMINAL_PHASES,
     Cancel,
     Hold,
-    JobState,
     Observed,
-    Phase,
+    Outcome,
+    OutcomeKind,
     Plan,
     PlanContext,
-    PlannedEvent,
     Release,
-    SubmissionUpdate,
     Submit,
     VerifyOutputs,
-    finish_missing_output,
+    orphans,
     plan,
     same_object,
 )
-from controller.reconcile.ports import ClusterStats, SlurmPort
+from controller.reconcile.ports import ClusterStats, Fence, NoFence, SlurmPort
 from controller.store import repo
 from controller.store.db import Store
 
@@ -120,14 +125,20 @@ class TickReport:
     accounting_ok: bool = True
     duration_s: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # action outcomes (sbatch refused/deferred, outputs checked) wait for the next plan of
+    # their jobs: tick again soon rather than after the full interval
+    replan_soon: bool = False
 
 
 class Reconciler:
     """Owns one tick; everything it needs is injected."""
 
     def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
-                 clock: Clock = time.time, settings: TickSettings | None = None) -> None:
+                 clock: Clock = time.time, settings: TickSettings | None = None,
+                 fence: Fence | None = None) -> None:
         self.store = store
+        # the leader lease: fences every write transaction and every Slurm write
+        self.fence: Fence = fence if fence is not None else NoFence()
         self.adapter = adapter
         self.metrics = metrics
         self.clock = clock
@@ -155,6 +166,14 @@ class Reconciler:
 
     def now(self) -> int:
         return int(self.clock())
+
+    @contextmanager
+    def _write(self) -> Iterator[Any]:
+        """A write transaction, fenced: its first statement checks that the lease is still
+        ours (``LeaseLost`` rolls it back whole)."""
+        with self.store.transaction() as tx:
+            self.fence.check(tx)
+            yield tx
 
     async def tick(self) -> TickReport:
         started = time.perf_counter()
@@ -193,17 +212,18 @@ class Reconciler:
         # if they turn out invalid); a malformed id never reaches the adapter
         wanted = [job_id for job_id, memo in memos.items()
                   if memo.valid or (memo.valid is None and is_job_id(job_id))]
-        if wanted:
-            try:
-                live = await self.adapter.find_many(wanted)
-            except (TransientError, ProtocolError) as exc:
-                report.slurm_ok = False
-                report.errors.append(f"live read: {exc}")
-                self.metrics.slurm_up.set(0)
-                log.warning("slurm live read failed; no job changes this tick",
-                            extra={"error": str(exc)})
-                self._save_rejections(now)
-                return
+        strays: dict[str, list[ObjectObs]] = {}  # our dj- objects that no tracked job owns
+        # one squeue per tick, even with nothing tracked: the sweep of strays needs it
+        try:
+            live = await self.adapter.find_many(wanted, strays=strays)
+        except (TransientError, ProtocolError) as exc:
+            report.slurm_ok = False
+            report.errors.append(f"live read: {exc}")
+            self.metrics.slurm_up.set(0)
+            log.warning("slurm live read failed; no job changes this tick",
+                        extra={"error": str(exc)})
+            self._save_rejections(now)
+            return
         self.metrics.slurm_up.set(1)
         report.timings["read"] = time.perf_counter() - t0
 
@@ -216,6 +236,8 @@ class Reconciler:
         chunk = max(1, self.settings.plan_chunk)
         if len(todo) <= chunk:  # the usual tick: a few jobs, read in full at once
             todo = self._with_rows(todo, report)
+        else:  # many (a new leader's first tick): the jobs likely to act first
+            self._order(todo, report)
         report.timings["select"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -224,9 +246,8 @@ class Reconciler:
         self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] += time.perf_counter() - t0
 
-        report.timings["plan"] = report.timings["store"] = 0.0
+        report.timings["plan"] = report.timings["store"] = report.timings["apply"] = 0.0
         self._carried = {}
-        acting: list[tuple[repo.LoadedJob, Plan]] = []
         for start in range(0, len(todo), chunk):
             t0 = time.perf_counter()
             part = self._with_rows(todo[start:start + chunk], report)
@@ -238,8 +259,9 @@ class Reconciler:
                 try:
                     cur = job.state.current
                     acct_obs = acct.get(cur.ref) if cur and cur.ref else None
+                    item.outcomes = tuple(self._outcome_book().get(job.state.job_id, ()))
                     observed = Observed(live=tuple(item.seen), accounting=acct_obs,
-                                        accounting_ok=acct_ok)
+                                        accounting_ok=acct_ok, outcomes=item.outcomes)
                     p = plan(job.state, observed, ctx)
                 except Exception as exc:  # one job's bug never stops the others
                     log.exception("planning failed", extra={"job": job.state.job_id})
@@ -254,13 +276,21 @@ class Reconciler:
             t0 = time.perf_counter()
             written = self._commit_plans(plans, now) if plans else set()
             self._remember(outcomes, written, ctx, epoch)
-            acting.extend((job, p) for job, p in plans if p.actions)
             report.timings["store"] += time.perf_counter() - t0
+
+            # this chunk's intents are committed: its actions run now, not after every
+            # chunk (a new leader's first write need not wait for 100k plans)
+            acting = [(job, p) for job, p in plans if p.actions]
+            if acting:
+                t0 = time.perf_counter()
+                await self._apply(acting, report, now)
+                report.timings["apply"] += time.perf_counter() - t0
 
         self._validated = self._carried
         t0 = time.perf_counter()
-        await self._apply(acting, report, now)
-        report.timings["apply"] = time.perf_counter() - t0
+        await self._sweep(orphans(strays, memos), report)
+        report.replan_soon = bool(self._outcome_book())
+        report.timings["apply"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         self._refresh_gauges(now)
         report.timings["gauges"] = time.perf_counter() - t0
@@ -319,17 +349,29 @@ class Reconciler:
         todo: list[_Todo] = []
         skipped = 0
         observed = live.get
+        pending = self._outcome_book()  # a job with an action outcome is always planned
         for job_id, memo in self._memos.items():
             seen = observed(job_id, _NO_OBS)
             quiet = memo.quiet
             if (quiet is not None and memo.epoch == epoch
-                    and memo.planned_at <= now < memo.recheck_at and quiet == seen):
+                    and memo.planned_at <= now < memo.recheck_at and quiet == seen
+                    and (not pending or job_id not in pending)):
                 skipped += 1
                 continue
             memo.quiet = None  # planned now: quiet again only once this plan proves it
             todo.append(_Todo(job_id, memo, seen))
         report.skipped = skipped
         return todo
+
+    def _order(self, todo: list[_Todo], report: TickReport) -> None:
+        """Put the jobs whose plan likely acts first (``_likely_to_act``; a stable sort,
+        so the order is otherwise kept): with many to plan, their actions then run after
+        the first chunk's commit instead of after the last."""
+        with self.store.transaction() as tx:
+            urgent = repo.changed_after_status(tx)  # desired (or spec) changed
+        urgent.update(self._outcome_book())
+        fresh = not report.full_load  # versions moved since the last plan: a new _Memo
+        todo.sort(key=lambda item: not _likely_to_act(item, urgent, fresh=fresh))
 
     def _with_rows(self, todo: list[_Todo], report: TickReport) -> list[_Todo]:
         """``todo`` with each job's row read in full; a job whose row left the tracked
@@ -373,6 +415,8 @@ class Reconciler:
             if p is None or job is None:
                 memo.gauge = None
                 continue
+            if item.outcomes:  # planned and committed: the outcomes are spent
+                self._spend_outcomes(item.job_id, item.outcomes)
             memo.gauge = _gauge(p.status)
             if (p.actions or p.submissions or p.events or item.needs_accounting
                     or not memo.valid or not job.has_status
@@ -383,8 +427,8 @@ class Reconciler:
                                                   (state.spec, state.policy, state.desired))
                 continue
             spread = zlib.crc32(item.job_id.encode()) % replan_s
-            memo.recheck_at = min(_recheck_at(job.state, item.seen, ctx),
-                                  ctx.now + replan_s + spread)
+            due = p.recheck_at if p.recheck_at is not None else _NEVER
+            memo.recheck_at = min(due, ctx.now + replan_s + spread)
             memo.quiet = item.seen
 
     # ------------------------------------------------------------ reads
@@ -433,7 +477,7 @@ class Reconciler:
         unchecked = [job_id for job_id, memo in self._memos.items() if memo.valid is None]
         chunk = max(1, self.settings.plan_chunk)
         for start in range(0, len(unchecked), chunk):
-            with self.store.transaction() as tx:
+            with self._write() as tx:
                 loaded = repo.load_tracked(tx, self.adapter.cluster,
                                            ids=unchecked[start:start + chunk])
                 for job in loaded:
@@ -453,12 +497,13 @@ class Reconciler:
     def _commit_plans(self, plans: Sequence[tuple[repo.LoadedJob, Plan]],
                       now: int) -> set[str]:
         """Write what the plans changed; returns the ids whose status row was written."""
-        with self.store.transaction() as tx:
+        with self._write() as tx:
             written = repo.save_statuses(tx, (
                 repo.StatusWrite(p.status, job.has_status, job.reject_reason, job.previous)
                 for job, p in plans), now=now)
             repo.save_submissions(tx, [(upd, p.status.attempt) for _, p in plans
-                                       for upd in p.submissions], now=now)
+                                       for upd in p.submissions], now=now,
+                                  epoch=self.fence.epoch)
             events: list[PlannedEvent] = []
             for job, p in plans:
                 if p.status.spec is None and job.state.job_id in written:
@@ -484,14 +529,21 @@ class Reconciler:
     async def _apply(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], report: TickReport,
                      now: int) -> None:
         gate = asyncio.Semaphore(self.settings.action_concurrency)
+        lost: list[LeaseLost] = []
 
         async def run_job(p: Plan) -> None:
             async with gate:
                 for action in p.actions:
                     name = type(action).__name__.lower()
+                    if lost:
+                        return  # the lease is gone: act no more, the next leader will
                     try:
+                        self.fence.guard()
                         await self._apply_one(p.status, action, now)
                         report.actions[name] += 1
+                    except LeaseLost as exc:
+                        lost.append(exc)
+                        return
                     except Exception as exc:
                         # one job's failure never stops the others
                         self.metrics.action_errors.labels(action=name).inc()
@@ -504,10 +556,39 @@ class Reconciler:
                             break
 
         await asyncio.gather(*(run_job(p) for _, p in plans if p.actions))
+        if lost:
+            raise lost[0]
+
+    async def _sweep(self, cancels: Sequence[Cancel], report: TickReport) -> None:
+        """Cancel our live ``dj-`` objects that no tracked record owns (the late object of
+        an abandoned intent after its job ended, or of a deleted job): from the same
+        squeue read, every tick, each behind the adapter's identity check."""
+        gate = asyncio.Semaphore(self.settings.action_concurrency)
+
+        async def cancel(action: Cancel) -> None:
+            async with gate:
+                try:
+                    self.fence.guard()
+                    await self.adapter.stop(action.ref)
+                except LeaseLost:
+                    raise
+                except DispatchError as exc:
+                    report.errors.append(f"{action.job_id}: sweep: {exc}")
+                    self.metrics.action_errors.labels(action="sweep").inc()
+                    return
+                report.actions["sweep"] += 1
+                self.metrics.duplicates.inc()
+                log.info("cancelled a Slurm job that no record owns",
+                         extra={"job": action.job_id, "slurm_id": action.ref.id})
+                self._record_event(action.job_id, "OrphanCancelled",
+                                   f"Slurm job {action.ref.id} belongs to no tracked "
+                                   "submission: cancelled")
+
+        await asyncio.gather(*(cancel(c) for c in cancels))
 
     def _record_event(self, job_id: str, kind: str, message: str) -> None:
         try:
-            with self.store.transaction() as tx:
+            with self._write() as tx:
                 repo.add_event(tx, job_id, kind, message[:2000], now=self.now())
         except DispatchError:
             log.warning("could not record event", extra={"job": job_id, "kind": kind})
@@ -544,43 +625,79 @@ class Reconciler:
                 self._record_event(action.job_id, "ExclusionDropped",
                                    "no node fits without " + ",".join(action.exclude))
                 ref = await self.adapter.start(replace(request, extra_exclude=()))
-        except (ErrInvalid, ErrUnsupported) as exc:
-            # Slurm refused the submission (bad partition, policy): the job fails with it.
+        except (ErrInvalid, ErrUnsupported, ErrBackPressure) as exc:
+            # Slurm refused the submission (bad partition, policy: the job fails with it)
+            # or deferred it (a submit limit: it waits). Nothing was created; the outcome
+            # is noted for the next plan, which decides (``_fail_submission``).
             # Anything else (transport, host key, timeout) leaves the intent for the next
             # tick to adopt or abandon: never a job failure for the operator's problem.
             self._fail_submission(job, action, exc)
             raise
         self.metrics.submissions.inc()
-        with self.store.transaction() as tx:
-            repo.record_submitted(tx, action.job_id, action.submission, ref)
-            repo.add_event(tx, action.job_id, "Submitted",
-                           f"submission {action.submission} is Slurm job {ref.id}",
-                           now=self.now())
+        # Record the ref only while this submission is still the job's current intent, and
+        # only under our lease epoch (LeaseLost: write nothing more, to Slurm either: the
+        # next leader adopts the gated object or cancels it).
+        with self._write() as tx:
+            recorded = repo.record_submitted(tx, action.job_id, action.submission, ref)
+            if recorded:
+                repo.add_event(tx, action.job_id, "Submitted",
+                               f"submission {action.submission} is Slurm job {ref.id}",
+                               now=self.now())
+        if not recorded:
+            # the intent was abandoned or replaced meanwhile: this gated object is a
+            # duplicate; it is cancelled, never released
+            self._record_event(action.job_id, "Duplicate",
+                               f"submission {action.submission} (Slurm job {ref.id}) is no "
+                               "longer current: cancelled, never released")
+            await self.adapter.stop(ref)
+            self.metrics.duplicates.inc()
+            return
         if action.release:
             await self.adapter.release(ref)
 
     def _fail_submission(self, job: JobState, action: Submit, exc: DispatchError) -> None:
-        failed = replace(job, phase=Phase.FAILED, current=None,
-                         cause=Cause(CauseKind.UNRUNNABLE, Provenance.SLURM, str(exc)[:500]))
-        with self.store.transaction() as tx:
-            repo.save_status(tx, failed, exists=True, now=self.now())
-            repo.save_submission(tx, SubmissionUpdate(action.job_id, action.submission,
-                                                           "abandoned"),
-                                 attempt=action.attempt, now=self.now())
-        self.metrics.endings.labels(phase="failed", cause="unrunnable").inc()
+        """sbatch refused (ErrInvalid/ErrUnsupported) or deferred (ErrBackPressure) the
+        submission; nothing was created. Writes nothing: the next plan of the job decides
+        (fails it, or backs off) from the outcome noted here."""
+        kind = (OutcomeKind.SUBMIT_DEFERRED if isinstance(exc, ErrBackPressure)
+                else OutcomeKind.SUBMIT_REFUSED)
+        self._note_outcome(job.job_id, Outcome(kind, action.submission, str(exc)[:500]))
 
     async def _verify_outputs(self, job: JobState, paths: Sequence[str], now: int) -> None:
+        """Check the expected outputs of the current object; the next plan decides from
+        what was found (success, or the missing-output rule). Writes nothing."""
         missing = await self.adapter.missing_paths(paths)
-        with self.store.transaction() as tx:
-            if missing:
-                p = finish_missing_output(job, missing, now)
-                repo.save_status(tx, p.status, exists=True, now=now)
-                repo.add_events(tx, p.events, now=now)
-                self._count_transitions(job, p.status)
-            else:
-                repo.save_status(tx, replace(job, outputs_verified=True), exists=True, now=now)
-                repo.add_event(tx, job.job_id, "OutputsVerified", "expected outputs present",
-                               now=now)
+        cur = job.current
+        if cur is None:
+            return
+        kind = OutcomeKind.OUTPUTS_MISSING if missing else OutcomeKind.OUTPUTS_PRESENT
+        self._note_outcome(job.job_id, Outcome(kind, cur.submission, paths=tuple(missing)))
+
+    # ------------------------------------------------------------ action outcomes
+
+    def _outcome_book(self) -> dict[str, list[Outcome]]:
+        """The action outcomes not planned yet, by job id (kept in memory only: a lost
+        outcome costs one more adopt window or one more check, never a wrong status)."""
+        book: dict[str, list[Outcome]] | None = getattr(self, "_outcomes", None)
+        if book is None:
+            book = {}
+            self._outcomes = book
+        return book
+
+    def _note_outcome(self, job_id: str, outcome: Outcome) -> None:
+        """What an action found, for the next plan of ``job_id``: that job is planned on
+        the next tick whatever the skip analysis says, and ``TickReport.replan_soon`` asks
+        for that tick early."""
+        self._outcome_book().setdefault(job_id, []).append(outcome)
+
+    def _spend_outcomes(self, job_id: str, spent: Sequence[Outcome]) -> None:
+        """Drop the outcomes a committed plan was given (not any noted since)."""
+        book = self._outcome_book()
+        left = [o for o in book.get(job_id, ()) if not any(o is s for s in spent)]
+        if left:
+            book[job_id] = left
+        else:
+            book.pop(job_id, None)
 
     # ------------------------------------------------------------ gauges
 
@@ -618,7 +735,7 @@ class _Memo:
     valid: bool | None = None  # the row passed validation; None: not read yet
     # the live observations of the last plan, when that plan was quiet (else None)
     quiet: Sequence[ObjectObs] | None = None
-    recheck_at: int = 0  # a quiet plan holds until then (``_recheck_at``)
+    recheck_at: int = 0  # a quiet plan holds until then (``Plan.recheck_at``)
     planned_at: int = 0
     epoch: int = 0
     gauge: tuple[str | None, bool, int | None] | None = None  # see ``_gauge``
@@ -633,9 +750,30 @@ class _Todo:
     seen: Sequence[ObjectObs]  # its live observations, as find_many returned them
     row: repo.LoadedJob | None = None  # read in full just before it is planned
     needs_accounting: bool = False  # its current object is not in squeue
+    outcomes: tuple[Outcome, ...] = ()  # the action outcomes its plan was given
 
 
 _NO_OBS: tuple[ObjectObs, ...] = ()
+_STEADY = frozenset({State.PENDING, State.RUNNING})
+
+
+def _likely_to_act(item: _Todo, urgent: set[str], *, fresh: bool) -> bool:
+    """Whether a job's plan may well act (only the order of plans depends on it): no
+    status row yet (a new job), a row a client changed after its status was written, an
+    action outcome waiting, versions moved since its last plan (``fresh``: a new _Memo on
+    an incremental tick), no live object (an intent without a ref, an object that left
+    the queue), several (duplicates), or one that is not plainly pending or running
+    (gated, held, suspended, ended, foreign). One pending or running object of a settled
+    job is the usual quiet plan."""
+    memo = item.memo
+    if memo.status_version is None or item.job_id in urgent:
+        return True
+    if fresh and memo.planned_at == 0:
+        return True
+    seen = item.seen
+    if len(seen) != 1:
+        return True
+    return seen[0].foreign or seen[0].state not in _STEADY
 
 
 def _gauge(st: JobState) -> tuple[str | None, bool, int | None] | None:
@@ -661,33 +799,3 @@ _GAUGES: dict[tuple[str | None, bool], tuple[str | None, bool, None]] = {}  # sh
 
 
 _NEVER = 2**63
-
-
-def _recheck_at(state: JobState, live: Sequence[ObjectObs], ctx: PlanContext) -> int:
-    """The first second at which ``plan(state, Observed(live), ...)`` could decide
-    differently only because the clock moved: every comparison with ``ctx.now`` that the
-    planner makes (controller.reconcile.plan), and a few more to be safe. A new
-    time-based rule in the planner must be added here too; ``replan_s`` bounds the
-    damage if one is missed. ``_NEVER`` when nothing is due.
-    """
-    due: list[int] = []
-    if state.not_before is not None:  # backoff: _maybe_submit waits while now < not_before
-        due.append(state.not_before)
-    if state.unknown_since is not None:  # _unknown ends the object after the grace
-        grace = state.policy.unknown_grace_s if state.policy.unknown_grace_s is not None \
-            else ctx.unknown_grace_s
-        due.append(state.unknown_since + grace)
-    cur = state.current
-    if cur is not None and cur.ref is None:  # _adopt abandons an intent after the window
-        due.append(cur.created_at + ctx.adopt_window_s + 1)
-    if cur is not None:
-        due.append(cur.created_at)
-    due.extend(state.excluded_nodes.values())  # exclusions expire (used when submitting)
-    for obs in live:  # _stale: running past start + time limit + grace
-        if obs.start is not None and obs.time_limit_s is not None:
-            due.append(obs.start + obs.time_limit_s + state.policy.stale_grace_s + 1)
-        for moment in (obs.start, obs.end, obs.submit):
-            if moment is not None:
-                due.append(moment)
-    future = [t for t in due if t > ctx.now]
-    return min(future) if future else _NEVER

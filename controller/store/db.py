@@ -50,7 +50,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, idle_tx_timeout_s: float | None = None) -> Engine:
+    """``idle_tx_timeout_s`` (PostgreSQL): the server ends a session that sits inside a
+    transaction that long (``idle_in_transaction_session_timeout``), releasing its locks. A
+    daemon never waits inside a transaction, so only a stopped or hung process meets it:
+    its row lock on the lease must not keep a standby from taking over."""
     url = normalise_url(url)
     try:
         parsed = make_url(url)
@@ -60,16 +64,20 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    connect_args: dict[str, Any] = {"connect_timeout": 10}
+    if idle_tx_timeout_s is not None and parsed.get_backend_name() == "postgresql":
+        connect_args["options"] = (
+            f"-c idle_in_transaction_session_timeout={max(1, int(idle_tx_timeout_s * 1000))}")
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                         connect_args={"connect_timeout": 10})
+                         connect_args=connect_args)
 
 
 class Store:
     """Owns the engine and hands out transactions; the caller owns each transaction."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, idle_tx_timeout_s: float | None = None) -> None:
         self.url = normalise_url(url)
-        self.engine = make_engine(self.url)
+        self.engine = make_engine(self.url, idle_tx_timeout_s=idle_tx_timeout_s)
         self.dialect = self.engine.dialect.name
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 

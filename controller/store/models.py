@@ -113,6 +113,8 @@ class Submission(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the lease epoch of the leader that wrote the intent (migration 0003)
+    epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Event(Base):
@@ -127,3 +129,17 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class Lease(Base):
+    """A leader lease (``controller.store.lease``): who acts, under which epoch, until when.
+    ``epoch`` moves on by one each time another holder takes it; writes of the leader are
+    fenced on (holder, epoch)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at_ms: Mapped[int] = mapped_column(BigInteger)
+    acquired_at_ms: Mapped[int] = mapped_column(BigInteger)

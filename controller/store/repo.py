@@ -10,7 +10,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -19,9 +19,7 @@ from sqlalchemy.orm import Session
 
 from controller.errors import DispatchError, ErrInvalid, ErrNotFound
 from controller.model.ids import parse_job_id
-from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, State
-from controller.model.spec import JobSpec, parse_job_document
-from controller.reconcile.plan import (
+from controller.model.job import (
     TERMINAL_PHASES,
     Condition,
     Current,
@@ -31,7 +29,9 @@ from controller.reconcile.plan import (
     PlannedEvent,
     SubmissionUpdate,
 )
-from controller.reconcile.policy import parse_policy
+from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, State
+from controller.model.policy import DEFAULT_POLICY, RecoveryPolicy, parse_policy
+from controller.model.spec import JobSpec, parse_job_document
 from controller.store.models import Event, Job, JobStatus, Submission
 
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
@@ -115,9 +115,16 @@ class JobView:
     created_at: int
     updated_at: int
 
+    @property
+    def warning(self) -> bool:
+        """Failed with a warning (the policy's ``on_exhausted: warn``): the recovery budget
+        is spent, and the workflow may go on. Always False unless phase is failed."""
+        return any(c.get("type") == "Warning" and c.get("status") for c in self.conditions)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "phase": self.phase, "desired": self.desired,
+            "warning": self.warning,
             "generation": self.generation, "labels": self.labels, "attempt": self.attempt,
             "submission": self.submission, "slurm_job_id": self.slurm_job_id,
             "cause": self.cause, "cause_detail": self.cause_detail, "exit_code": self.exit_code,
@@ -346,6 +353,15 @@ def tracked_versions(tx: Session) -> list[tuple[str, int, int | None]]:
     return rows  # type: ignore[return-value]  # the DBAPI types rows loosely
 
 
+def changed_after_status(tx: Session) -> set[str]:
+    """Ids of the tracked jobs that a client wrote (``jobs.updated_at``: desired, spec)
+    after their status was last written: where a new leader most likely has something to
+    do (the tick plans them first; it plans every job anyway)."""
+    query = (select(Job.id).join(JobStatus, JobStatus.job_id == Job.id)
+             .where(JobStatus.phase.not_in(TERMINAL), Job.updated_at > JobStatus.updated_at))
+    return set(tx.scalars(query))
+
+
 # triggers of migration 0002, by dialect: without them versions never move
 _VERSION_TRIGGERS = {
     "sqlite": ("jobs_version_insert", "jobs_version_update", "job_status_version_insert",
@@ -396,11 +412,23 @@ def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
         job_id = row.id
         checked = _validated(cache, row)
         if isinstance(checked, DispatchError):
-            out.append(LoadedJob(JobState(job_id=job_id, generation=row.generation or 0,
-                                          desired=Desired.RUN, spec=None,
-                                          phase=Phase.REJECTED),
-                                 reject_reason=storable_text(str(checked)),
+            # rejected, but its status (the ref of a live Slurm job) is kept: the planner
+            # stops that job as desired says, and the ref stays recorded (never orphaned)
+            try:
+                said = Desired(row.desired)
+            except ValueError:
+                said = Desired.STOPPED
+            if row.has_status is None:
+                bad = JobState(job_id=job_id, generation=row.generation or 0, desired=said,
+                               spec=None, phase=Phase.REJECTED)
+            else:
+                bad = replace(_status_state(row, job_id, cluster, desired=said, spec=None,
+                                            policy=DEFAULT_POLICY),
+                              generation=row.generation or 0, phase=Phase.REJECTED)
+            out.append(LoadedJob(bad, reject_reason=storable_text(str(checked)),
                                  has_status=row.has_status is not None,
+                                 previous=None if row.has_status is None
+                                 else row_digest(row[_SAVED_FIRST:end]),
                                  version=row.version, status_version=row.sv))
             continue
         spec, policy, desired = checked
@@ -409,28 +437,60 @@ def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
                                           desired=desired, spec=spec, policy=policy),
                                  has_status=False, version=row.version))
             continue
-        current = None
-        if row.current_submission is not None:
-            current = Current(row.current_submission, row.attempt, row.current_since or 0,
-                              _current_ref(row, job_id, cluster))
-        out.append(LoadedJob(JobState(
-            job_id=job_id, generation=row.generation, desired=desired, spec=spec,
-            policy=policy, phase=Phase(row.phase), submission=row.submission,
-            attempt=row.attempt, current=current,
-            object_state=State(row.object_state) if row.object_state else None,
-            cause=_cause(row.cause, row.cause_detail),
-            exit_code=row.exit_code, reason=_shared(row.reason),
-            nodes=tuple(sys.intern(n) for n in row.nodes.split(",") if n),
-            budgets_used=_int_map(row.budgets_used),
-            excluded_nodes=_int_map(row.excluded_nodes), not_before=row.not_before,
-            unknown_since=row.unknown_since, hold_instance=row.hold_instance,
-            started_at=row.started_at, ended_at=row.ended_at,
-            observed_generation=row.observed_generation,
-            conditions=_decode_conditions(row.conditions),
-            outputs_verified=bool(row.outputs_verified),
-        ), previous=row_digest(row[_SAVED_FIRST:end]), version=row.version,
-            status_version=row.sv))
-    return out
+        out.append(LoadedJob(_status_state(row, job_id, cluster, desired=desired, spec=spec,
+                                                policy=policy),
+                             previous=row_digest(row[_SAVED_FIRST:end]), version=row.version,
+                             status_version=row.sv))
+    return _with_abandoned(tx, out, whole=ids is None)
+
+
+def _with_abandoned(tx: Session, loaded: list[LoadedJob], *, whole: bool) -> list[LoadedJob]:
+    """Fill ``JobState.abandoned``: the submission numbers of each job whose intent was
+    abandoned (a late Slurm job of one is a duplicate, never adopted). Rare rows: one
+    query over them all on a whole load, one per ``_IN_CHUNK`` ids otherwise."""
+    with_status = [job.state.job_id for job in loaded if job.has_status]
+    if not with_status:
+        return loaded
+    query = select(Submission.job_id, Submission.submission).where(
+        Submission.status == "abandoned")
+    found: dict[str, set[int]] = {}
+    if whole:
+        parts: Iterable[Any] = tx.execute(query)
+    else:
+        parts = [row for start in range(0, len(with_status), _IN_CHUNK)
+                 for row in tx.execute(query.where(
+                     Submission.job_id.in_(with_status[start:start + _IN_CHUNK])))]
+    for job_id, number in parts:
+        found.setdefault(job_id, set()).add(int(number))
+    if not found:
+        return loaded
+    return [replace(job, state=replace(job.state, abandoned=frozenset(found[job.state.job_id])))
+            if job.state.job_id in found else job for job in loaded]
+
+
+def _status_state(row: Any, job_id: str, cluster: str, *, desired: Desired,
+                  spec: JobSpec | None, policy: RecoveryPolicy) -> JobState:
+    """The ``JobState`` of a ``load_tracked`` row that has a status row."""
+    current = None
+    if row.current_submission is not None:
+        current = Current(row.current_submission, row.attempt, row.current_since or 0,
+                          _current_ref(row, job_id, cluster))
+    return JobState(
+        job_id=job_id, generation=row.generation, desired=desired, spec=spec,
+        policy=policy, phase=Phase(row.phase), submission=row.submission,
+        attempt=row.attempt, current=current,
+        object_state=State(row.object_state) if row.object_state else None,
+        cause=_cause(row.cause, row.cause_detail),
+        exit_code=row.exit_code, reason=_shared(row.reason),
+        nodes=tuple(sys.intern(n) for n in row.nodes.split(",") if n),
+        budgets_used=_int_map(row.budgets_used),
+        excluded_nodes=_int_map(row.excluded_nodes), not_before=row.not_before,
+        unknown_since=row.unknown_since, hold_instance=row.hold_instance,
+        started_at=row.started_at, ended_at=row.ended_at,
+        observed_generation=row.observed_generation,
+        conditions=_decode_conditions(row.conditions),
+        outputs_verified=bool(row.outputs_verified),
+    )
 
 
 def _current_ref(row: Any, job_id: str, cluster: str) -> ObjectRef | None:
@@ -583,7 +643,7 @@ def save_submission(tx: Session, upd: SubmissionUpdate, *, attempt: int, now: in
 
 
 def save_submissions(tx: Session, updates: Sequence[tuple[SubmissionUpdate, int]], *,
-                     now: int) -> None:
+                     now: int, epoch: int | None = None) -> None:
     """``save_submission`` for many (update, attempt) pairs, in order, reading the rows
     they touch with one query per ``_IN_CHUNK`` jobs instead of one per update."""
     if not updates:
@@ -599,6 +659,7 @@ def save_submissions(tx: Session, updates: Sequence[tuple[SubmissionUpdate, int]
         found = rows.get(key)
         if found is None:
             rows[key] = found = _new_submission(upd, attempt=attempt, now=now)
+            found.epoch = epoch
             tx.add(found)
         else:
             _record_submission(found, upd)
@@ -639,15 +700,26 @@ def _record_observation(row: Submission, upd: SubmissionUpdate) -> None:
             row.attempt = obs.attempt
 
 
-def record_submitted(tx: Session, job_id: str, submission: int, ref: ObjectRef) -> None:
-    """Start returned a ref: record it on the submission row and the status."""
-    tx.execute(update(Submission).where(Submission.job_id == job_id,
-                                        Submission.submission == submission)
-               .values(status="submitted", cluster=ref.cluster, slurm_job_id=ref.id,
-                       slurm_submit=ref.submit))
-    tx.execute(update(JobStatus).where(JobStatus.job_id == job_id,
-                                       JobStatus.current_submission == submission)
-               .values(slurm_job_id=ref.id, slurm_submit=ref.submit, cluster=ref.cluster))
+def record_submitted(tx: Session, job_id: str, submission: int, ref: ObjectRef) -> bool:
+    """Start returned a ref: record it on the submission row and the status, only while
+    that submission is still the job's current intent (not abandoned, not replaced, no
+    other ref recorded). Returns False when either row did not match: the caller must
+    then treat the new object as a duplicate (cancel it, never release it) and roll back.
+    The caller fences the transaction (``Lease.check``) for the epoch."""
+    sub = tx.execute(update(Submission).where(
+        Submission.job_id == job_id, Submission.submission == submission,
+        Submission.status.in_(("intent", "submitted")),
+        (Submission.slurm_job_id.is_(None)) | (Submission.slurm_job_id == ref.id))
+        .values(status="submitted", cluster=ref.cluster, slurm_job_id=ref.id,
+                slurm_submit=ref.submit))
+    if int(sub.rowcount or 0) != 1:  # type: ignore[attr-defined]
+        return False
+    status = tx.execute(update(JobStatus).where(
+        JobStatus.job_id == job_id, JobStatus.current_submission == submission,
+        JobStatus.phase.not_in(TERMINAL),
+        (JobStatus.slurm_job_id.is_(None)) | (JobStatus.slurm_job_id == ref.id))
+        .values(slurm_job_id=ref.id, slurm_submit=ref.submit, cluster=ref.cluster))
+    return int(status.rowcount or 0) == 1  # type: ignore[attr-defined]
 
 
 def add_events(tx: Session, events: Iterable[PlannedEvent], *, now: int) -> None:

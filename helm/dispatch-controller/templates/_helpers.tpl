@@ -146,6 +146,8 @@ unknown_grace_s = {{ toJson .Values.config.daemon.unknown_grace_s }}
 sacct_window_s = {{ int .Values.config.daemon.sacct_window_s }}
 cluster_stats_interval_s = {{ toJson .Values.config.daemon.cluster_stats_interval_s }}
 slurm_rate_per_s = {{ toJson .Values.config.daemon.slurm_rate_per_s }}
+lease_ttl_s = {{ toJson .Values.config.daemon.lease_ttl_s }}
+lease_margin_s = {{ toJson .Values.config.daemon.lease_margin_s }}
 {{- end -}}
 
 {{/* The DISPATCH_DATABASE_URL variable and extraEnv, for any container of the chart. */}}
