@@ -39,6 +39,7 @@ class FakeSlurm:
         self.fail_accounting = False
         self.crash_after_sbatch = False
         self.accounting: dict[int, ObjectObs] = {}
+        self.started: set[int] = set()  # ids whose batch step started (an output file)
 
     def _obs(self, job_id: str, slurm_id: int, req: StartRequest) -> ObjectObs:
         now = self.clock[0]
@@ -109,6 +110,10 @@ class FakeSlurm:
     async def missing_paths(self, paths: Sequence[str]) -> list[str]:
         return []
 
+    async def started_evidence(self, ref: ObjectRef, submission: int) -> bool:
+        self.calls.append("started_evidence")
+        return ref.id in self.started
+
     async def cluster_stats(self) -> ClusterStats:
         return ClusterStats(running=0, pending=0)
 
@@ -117,6 +122,7 @@ class FakeSlurm:
         fj = self.jobs[slurm_id]
         assert fj.obs.state == State.PENDING, fj.obs.state
         fj.ran = True
+        self.started.add(slurm_id)
         fj.obs = replace(fj.obs, state=State.RUNNING, nodes=("n1",), start=self.clock[0])
 
     def end(self, slurm_id: int, cause: CauseKind, exit_code: int | None = None) -> None:
@@ -128,6 +134,13 @@ class FakeSlurm:
         """The job leaves squeue (MinJobAge passed)."""
         fj = self.jobs.pop(slurm_id)
         self.accounting[slurm_id] = replace(fj.obs, source=Source.ACCOUNTING)
+
+    def lose(self, slurm_id: int, *, ran_unseen: bool = False) -> None:
+        """slurmctld loses the job: gone from squeue, never reached accounting.
+        ``ran_unseen``: it ran (its output file exists) between two reads."""
+        self.jobs.pop(slurm_id)
+        if ran_unseen:
+            self.started.add(slurm_id)
 
     def run_all_pending(self) -> None:
         for sid, fj in self.jobs.items():

@@ -248,3 +248,18 @@ def test_stopped_leaders_lock_is_taken_back_on_postgresql(pg_url: str) -> None:
     session.close()
     assert counts(store)[2] == 0
     store.dispose()
+
+
+def test_refresh_renews_only_past_half_the_ttl(sqlite_store: Store) -> None:
+    clocks = Clocks()
+    a = lease(sqlite_store, clocks, "a", ttl=30, margin=5)
+    assert a.try_acquire()
+    clocks.advance(5)
+    a.refresh()
+    assert a.remaining() == pytest.approx(20)  # not renewed: more than half left
+    clocks.advance(6)
+    a.refresh()
+    assert a.remaining() == pytest.approx(25)  # renewed
+    with sqlite_store.transaction() as tx:
+        info = read_lease(tx)
+    assert info is not None and info.expires_at == pytest.approx(clocks.wall + 30)

@@ -104,8 +104,8 @@ def kinds(actions: tuple[object, ...]) -> list[str]:
     pytest.param(running_job(), Observed(), [], Phase.PENDING, id="missing-is-unknown-not-done"),
     pytest.param(running_job(unknown_since=NOW - 400), Observed(accounting_ok=False), [],
                  Phase.FAILED, id="unknown-past-grace-without-accounting-ends-unknown"),
-    pytest.param(running_job(unknown_since=NOW - 400), Observed(), [], Phase.PENDING,
-                 id="absent-past-grace-with-accounting-is-lost-and-resubmitted"),
+    pytest.param(running_job(unknown_since=NOW - 400), Observed(), ["CheckStarted"],
+                 Phase.PENDING, id="absent-past-grace-with-accounting-asks-if-it-started"),
     pytest.param(running_job(), Observed(accounting_ok=False), [], Phase.PENDING,
                  id="accounting-down-stays-unknown"),
 ])

@@ -11,7 +11,16 @@ from controller.model.job import Current, Desired, JobState, Phase
 from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, Source, State
 from controller.model.policy import parse_policy
 from controller.model.spec import parse_job_document
-from controller.reconcile.plan import Cancel, Observed, PlanContext, Release, Submit, plan
+from controller.reconcile.plan import (
+    Cancel,
+    Observed,
+    Outcome,
+    OutcomeKind,
+    PlanContext,
+    Release,
+    Submit,
+    plan,
+)
 from controller.store import repo
 from controller.store.db import Store
 
@@ -187,11 +196,34 @@ def test_load_tracked_keeps_status_of_a_rejected_row(sqlite_store: Store) -> Non
 
 
 def test_absent_from_squeue_and_sacct_is_lost_and_resubmitted_free_if_never_started() -> None:
-    p = plan(running_job(unknown_since=NOW - 400, object_state=State.PENDING),
-             Observed(accounting_ok=True), CTX)
+    state = running_job(unknown_since=NOW - 400, object_state=State.PENDING)
+    first = plan(state, Observed(accounting_ok=True), CTX)
+    # never seen running: first look for its Slurm output file (it may have run unseen)
+    assert [type(a).__name__ for a in first.actions] == ["CheckStarted"]
+    assert first.status.current is not None and first.events == ()
+    p = plan(first.status, Observed(accounting_ok=True, outcomes=(
+        Outcome(OutcomeKind.NOT_STARTED, 1),)), CTX)
     assert p.status.cause.kind == CauseKind.LOST
     assert p.status.phase == Phase.PENDING and p.status.current is None
     assert p.status.budgets_used == {}
+
+
+def test_lost_with_an_output_file_spends_the_budget() -> None:
+    """It was never seen running, but its Slurm output file exists: it ran between two
+    reads, so it is resubmitted under the policy's budget, like node-lost."""
+    state = running_job(unknown_since=NOW - 400, object_state=State.PENDING)
+    first = plan(state, Observed(accounting_ok=True), CTX)
+    p = plan(first.status, Observed(accounting_ok=True, outcomes=(
+        Outcome(OutcomeKind.STARTED, 1),)), CTX)
+    assert p.status.cause.kind == CauseKind.LOST and p.status.phase == Phase.PENDING
+    assert p.status.budgets_used == {"lost": 1}
+
+
+def test_lost_that_started_fails_once_its_budget_is_spent() -> None:
+    state = running_job(unknown_since=NOW - 400, object_state=State.RUNNING,
+                        started_at=NOW - 40, budgets_used={"lost": 3})
+    p = plan(state, Observed(accounting_ok=True), CTX)
+    assert (p.status.phase, p.status.cause.kind) == (Phase.FAILED, CauseKind.LOST)
 
 
 def test_lost_after_it_may_have_started_spends_the_budget() -> None:
@@ -207,9 +239,12 @@ def test_absent_while_accounting_is_down_stays_unknown() -> None:
 
 
 def test_cancel_made_by_slurm_itself_is_lost_not_a_users_cancel() -> None:
-    p = plan(running_job(object_state=State.PENDING),
-             ended(CauseKind.CANCELLED, provenance=Provenance.SLURM), CTX)
-    assert p.status.phase != Phase.CANCELLED
+    observed = ended(CauseKind.CANCELLED, provenance=Provenance.SLURM)
+    first = plan(running_job(object_state=State.PENDING), observed, CTX)
+    assert first.status.phase != Phase.CANCELLED
+    assert [type(a).__name__ for a in first.actions] == ["CheckStarted"]
+    p = plan(first.status, replace(observed, outcomes=(Outcome(OutcomeKind.NOT_STARTED, 1),)),
+             CTX)
     assert p.status.cause.kind == CauseKind.LOST and p.status.phase == Phase.PENDING
 
 

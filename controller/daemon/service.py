@@ -84,6 +84,8 @@ class Daemon:
                              extra={"holder": self.seen.holder if self.seen else None,
                                     "epoch": self.seen.epoch if self.seen else None})
                 self._publish_leader()
+                if self._takeover_near():
+                    await self.reconciler.prewarm()
                 return
             if self.lease.epoch != self._held_epoch:
                 self.reconciler.forget()  # another leader may have acted meanwhile
@@ -117,6 +119,13 @@ class Daemon:
                                     "errors": len(report.errors), "slurm_ok": report.slurm_ok,
                                     "epoch": self.lease.epoch,
                                     "seconds": round(report.duration_s, 3)})
+
+    def _takeover_near(self) -> bool:
+        """The lease we stand by has gone unrenewed for half its TTL (a healthy leader
+        renews it every tick, and a long tick halfway): a takeover may come soon."""
+        seen = self.seen
+        window = max(self.lease.ttl_s / 2, self.config.daemon.tick_interval_s + 1)
+        return seen is not None and seen.expires_at - self.clock() <= window
 
     def _stand_down(self) -> None:
         self._held_epoch = None

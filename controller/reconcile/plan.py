@@ -56,6 +56,8 @@ class OutcomeKind(enum.Enum):
     SUBMIT_DEFERRED = "submit-deferred"  # back-pressure (ErrBackPressure): a submit limit
     OUTPUTS_MISSING = "outputs-missing"  # expected outputs absent after completion
     OUTPUTS_PRESENT = "outputs-present"
+    STARTED = "started"  # a lost object left evidence that it ran (its Slurm output file)
+    NOT_STARTED = "not-started"  # ... and none: it never ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,17 @@ class VerifyOutputs:
     paths: tuple[str, ...]
 
 
-Action = Submit | Release | Hold | Cancel | VerifyOutputs
+@dataclass(frozen=True, slots=True)
+class CheckStarted:
+    """Did the lost object of ``submission`` ever start? (Slurm creates its ``--output``
+    file when the batch step starts.) The answer comes back as an ``Outcome``."""
+
+    job_id: str
+    ref: ObjectRef
+    submission: int
+
+
+Action = Submit | Release | Hold | Cancel | VerifyOutputs | CheckStarted
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,6 +564,8 @@ def _unknown(b: _Builder, observed: Observed) -> None:
     # Without accounting we cannot tell: unknown.
     cause = (Cause(CauseKind.LOST, Provenance.SLURM, why) if observed.accounting_ok
              else Cause(CauseKind.UNKNOWN, Provenance.UNKNOWN, why))
+    if _awaiting_start_evidence(b, cause):
+        return  # (still unknown; decided next tick, with the evidence)
     b.event("Lost" if observed.accounting_ok else "Unknown",
             f"Slurm job {job.current.ref.id} unseen for {ctx.now - since}s: "
             f"ended, cause {cause.kind.value}")
@@ -592,12 +606,25 @@ def _lost_cause(cause: Cause) -> Cause:
 
 
 _RAN = frozenset({State.RUNNING, State.SUSPENDED})
+_START_OUTCOMES = frozenset({OutcomeKind.STARTED, OutcomeKind.NOT_STARTED})
 
 
-def _may_have_started(b: _Builder) -> bool:
-    """Whether the ended object may have run its command: a start time was seen (squeue or
-    accounting), or it was last seen running."""
+def _seen_started(b: _Builder) -> bool:
+    """A start was observed: a start time (squeue or accounting), or last seen running."""
     return b.job.started_at is not None or b.original.object_state in _RAN
+
+
+def _awaiting_start_evidence(b: _Builder, cause: Cause) -> bool:
+    """A lost object never seen running may still have run between two reads: before it
+    is resubmitted for free, its Slurm output file is looked for (``CheckStarted``; the
+    tick looks, the next plan decides). True while that answer is awaited."""
+    job = b.job
+    cur = job.current
+    if (cause.kind != CauseKind.LOST or _seen_started(b) or cur is None or cur.ref is None
+            or b.outcome(_START_OUTCOMES) is not None):
+        return False
+    b.actions.append(CheckStarted(job.job_id, cur.ref, cur.submission))
+    return True
 
 
 def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
@@ -621,7 +648,11 @@ def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
     if job.desired == Desired.STOPPED:
         b.update(phase=Phase.CANCELLED)
         return
-    free = cause.kind == CauseKind.LOST and not _may_have_started(b)
+    if _awaiting_start_evidence(b, cause):
+        return
+    evidence = b.outcome(_START_OUTCOMES)
+    free = (cause.kind == CauseKind.LOST and not _seen_started(b) and evidence is not None
+            and evidence.kind == OutcomeKind.NOT_STARTED)
     decision = decide(job.policy, cause.kind, exit_code=exit_code,
                       budgets_used=job.budgets_used, spend=not free)
     if not decision.resubmit:

@@ -45,6 +45,8 @@ class SlurmPort(Protocol):
 
     async def missing_paths(self, paths: Sequence[str]) -> list[str]: ...
 
+    async def started_evidence(self, ref: ObjectRef, submission: int) -> bool: ...
+
     async def cluster_stats(self) -> ClusterStats: ...
 
 
@@ -62,6 +64,8 @@ class Fence(Protocol):
 
     def guard(self) -> None: ...
 
+    def refresh(self) -> None: ...
+
 
 class NoFence:
     """For a controller that runs alone by construction (tests, one-shot tools)."""
@@ -72,4 +76,7 @@ class NoFence:
         return None
 
     def guard(self) -> None:
+        return None
+
+    def refresh(self) -> None:
         return None

@@ -78,6 +78,7 @@ from controller.model.obs import (
 )
 from controller.reconcile.plan import (
     Cancel,
+    CheckStarted,
     Hold,
     Observed,
     Outcome,
@@ -164,6 +165,19 @@ class Reconciler:
         self._loaded = False
         self._epoch_key = None
 
+    async def prewarm(self) -> None:
+        """A standby about to take the lease over: make the live read its first tick needs
+        (read-only), so the adapter parses the whole queue now and the new leader reuses
+        every unchanged row. Nothing is remembered here but the adapter's row cache: the
+        first tick as leader still loads and plans every job (``forget``)."""
+        try:
+            with self.store.transaction() as tx:
+                ids = [job_id for job_id, _, _ in repo.tracked_versions(tx)
+                       if is_job_id(job_id)]
+            await self.adapter.find_many(ids, strays={})
+        except DispatchError as exc:
+            log.info("prewarm read failed", extra={"error": str(exc)})
+
     def now(self) -> int:
         return int(self.clock())
 
@@ -171,6 +185,7 @@ class Reconciler:
     def _write(self) -> Iterator[Any]:
         """A write transaction, fenced: its first statement checks that the lease is still
         ours (``LeaseLost`` rolls it back whole)."""
+        self.fence.refresh()  # a long tick keeps its lease between two writes
         with self.store.transaction() as tx:
             self.fence.check(tx)
             yield tx
@@ -607,6 +622,10 @@ class Reconciler:
                     self.metrics.duplicates.inc()
             case VerifyOutputs(paths=paths):
                 await self._verify_outputs(job, paths, now)
+            case CheckStarted(ref=ref, submission=submission):
+                started = await self.adapter.started_evidence(ref, submission)
+                self._note_outcome(job.job_id, Outcome(
+                    OutcomeKind.STARTED if started else OutcomeKind.NOT_STARTED, submission))
             case _:
                 raise TypeError(f"unknown action {action!r}")
 

@@ -1210,6 +1210,18 @@ class SlurmAdapter:
 
     # ------------------------------------------------------------ paths, stats
 
+    async def started_evidence(self, ref: ObjectRef, submission: int) -> bool:
+        """Whether ``ref``'s object of ``submission`` ever started: slurmstepd creates its
+        ``--output`` file (``D/s<N>-<id>.slurm``, script.py) when the batch step starts, so
+        its absence says it never ran -- given that ``output.dir`` is the same file system
+        on the nodes and here, which ``logs`` needs as well."""
+        job_id = naming.job_id_of_name(ref.uid)
+        if job_id is None:
+            raise ErrInvalid(f"not a dispatch name: {ref.uid!r:.60}", field="ref.uid")
+        path = posixpath.join(script.output_dir(self._settings, job_id),
+                              f"s{submission}-{ref.id}.slurm")
+        return not await self.missing_paths([path])
+
     async def missing_paths(self, paths: Sequence[str]) -> list[str]:
         """The paths that do not exist on the Slurm host (one sh script per ~60 KB)."""
         missing: list[str] = []

@@ -216,6 +216,12 @@ class Lease:
             self.drop()
             raise LeaseLost(f"lease epoch {held} is no longer ours")
 
+    def refresh(self) -> None:
+        """Renew when under half the TTL is left (a long tick between its writes); a
+        failed renewal is left to ``check`` and ``guard`` to act on."""
+        if self.epoch is not None and self.remaining() < self.ttl_s / 2:
+            self.renew()
+
     def guard(self) -> None:
         """Before a Slurm write: ``LeaseLost`` unless the lease surely holds, with margin.
         A tick that ran long renews here first (one small transaction)."""
