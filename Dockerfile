@@ -1,12 +1,17 @@
 # dispatch-controller image: `dispatchctl run --config /etc/dispatch/config.toml`.
 #
-# Two stages: the builder turns the project and all its dependencies into wheels;
-# the runtime installs only those wheels (no compiler, no network at that point),
-# plus openssh-client for operators debugging the SSH transport from the pod.
-# The base image is pinned by tag (Python minor + Debian release); pin it by digest
-# too (python:3.11-slim-bookworm@sha256:...) in a release pipeline.
+# Two stages: the builder installs the project and its dependencies (binary wheels; no
+# compiler) into a virtual environment, /opt/dispatch, and drops pip and setuptools from
+# it; the runtime copies that environment (no network for Python at that point), plus
+# openssh-client for the SSH transport, and runs as user 10001.
+#
+# BASE_IMAGE is the public python:3.11-slim-bookworm; pin it by digest too
+# (python:3.11-slim-bookworm@sha256:...) in a release pipeline. Any Debian 12 image with
+# python3.11 and its venv module works: where no registry is reachable, tests/test_image.py
+# builds with --build-arg BASE_IMAGE=<a local debootstrap, see scripts/image-base>.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim-bookworm AS builder
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -17,15 +22,17 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY controller ./controller
 COPY migrations ./migrations
-RUN pip wheel --wheel-dir /wheels .
+RUN python3 -m venv /opt/dispatch \
+    && /opt/dispatch/bin/pip install --prefer-binary . \
+    && /opt/dispatch/bin/pip uninstall -y pip setuptools \
+    && find /opt/dispatch -name __pycache__ -prune -exec rm -rf {} +
 
 
-FROM python:3.11-slim-bookworm AS runtime
+FROM ${BASE_IMAGE} AS runtime
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PATH=/opt/dispatch/bin:$PATH
 
 # openssh-client floats with the base image's Debian release so security updates
 # are picked up on rebuild; the release itself is pinned by the base image tag.
@@ -38,9 +45,7 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/dispatch --create-home \
         --shell /usr/sbin/nologin dispatch
 
-COPY --from=builder /wheels /wheels
-RUN pip install --no-index --find-links /wheels /wheels/dispatch_controller-*.whl \
-    && rm -rf /wheels
+COPY --from=builder /opt/dispatch /opt/dispatch
 
 USER 10001
 WORKDIR /home/dispatch
