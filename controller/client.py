@@ -1,7 +1,9 @@
 """A small Python client for workflow backends: submit, get, wait, cancel, hold, release.
 
 It talks to the controller's database only (the daemon does the Slurm side), so it
-works from any process that can reach the database.
+works from any process that can reach the database. ``dispatchctl`` reads and writes
+the database through it alone. A database that cannot be reached raises
+``TransientError`` (``database unavailable: ...``) from any method.
 """
 
 from __future__ import annotations
@@ -9,16 +11,29 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from controller.errors import ErrInvalid, ErrNotFound
 from controller.model.ids import new_job_id, parse_job_id
 from controller.model.job import TERMINAL_PHASES, Desired
-from controller.model.policy import parse_policy
+from controller.model.spec import JobDocument
 from controller.store import repo
 from controller.store.db import Store
+from controller.store.lease import LeaseInfo, read_lease
+from controller.store.models import Event, Submission
 
 TERMINAL = frozenset(p.value for p in TERMINAL_PHASES)
+
+
+@dataclass(frozen=True, slots=True)
+class Description:
+    """The leader lease and, when a job was asked for, its view, submissions and events."""
+
+    leader: LeaseInfo | None
+    job: repo.JobView | None = None
+    submissions: tuple[Submission, ...] = ()
+    events: tuple[Event, ...] = ()
 
 
 class Client:
@@ -31,12 +46,26 @@ class Client:
     def close(self) -> None:
         self.store.dispose()
 
-    def submit(self, document: Mapping[str, Any], *, job_id: str | None = None,
+    def schema_revision(self) -> str | None:
+        """The database schema's revision; None before ``dispatchctl migrate``."""
+        return self.store.current_revision()
+
+    def require_schema(self) -> None:
+        """ErrInvalid unless the schema exists (``dispatchctl migrate`` creates it)."""
+        if self.schema_revision() is None:
+            raise ErrInvalid("the database has no schema yet: run 'dispatchctl migrate' first",
+                             field="database")
+
+    def migrate(self, revision: str = "head") -> str | None:
+        """Create or upgrade the schema; returns the revision it is at."""
+        self.store.migrate(revision)
+        return self.schema_revision()
+
+    def submit(self, document: Mapping[str, Any] | JobDocument, *, job_id: str | None = None,
                policy: Mapping[str, Any] | None = None, held: bool = False) -> str:
-        """Write a desired job record; returns its id. Validation errors raise ErrInvalid."""
+        """Write a desired job record; returns its id. Validation errors raise ErrInvalid
+        (a ``JobDocument`` is not validated again)."""
         jid = parse_job_id(job_id) if job_id else new_job_id()
-        if policy is not None:
-            parse_policy(policy)
         with self.store.transaction() as tx:
             repo.insert_job(tx, job_id=jid, document=document,
                             desired="held" if held else "run", policy=policy,
@@ -44,13 +73,28 @@ class Client:
         return jid
 
     def get(self, job_id: str) -> dict[str, Any]:
-        with self.store.transaction() as tx:
-            (view,) = repo.list_jobs(tx, job_id=job_id)
+        (view,) = self.views(job_id=job_id)
         return view.to_json()
 
     def list_jobs(self, selector: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        return [v.to_json() for v in self.views(selector=selector)]
+
+    def views(self, *, job_id: str | None = None,
+              selector: Mapping[str, str] | None = None) -> list[repo.JobView]:
+        """One job (ErrNotFound if there is none) or every job whose labels match."""
         with self.store.transaction() as tx:
-            return [v.to_json() for v in repo.list_jobs(tx, selector=selector)]
+            return repo.list_jobs(tx, job_id=job_id, selector=selector)
+
+    def describe(self, job_id: str | None = None) -> Description:
+        """The leader lease and (with ``job_id``) the job's submissions and events, read
+        in one transaction."""
+        with self.store.transaction() as tx:
+            leader = read_lease(tx)
+            if job_id is None:
+                return Description(leader)
+            (view,) = repo.list_jobs(tx, job_id=job_id)
+            return Description(leader, view, tuple(repo.list_submissions(tx, job_id)),
+                               tuple(repo.list_events(tx, job_id)))
 
     def _set(self, job_ids: list[str], desired: Desired) -> int:
         with self.store.transaction() as tx:
@@ -58,6 +102,18 @@ class Client:
         if changed == 0 and job_ids:
             raise ErrNotFound(f"no job {job_ids[0]}" if len(job_ids) == 1 else "no such jobs")
         return changed
+
+    def set_desired(self, job_id: str, desired: Desired) -> None:
+        """Run, hold or stop one job (ErrNotFound if there is none)."""
+        self._set([parse_job_id(job_id, field="id")], desired)
+
+    def set_desired_selector(self, selector: Mapping[str, str], desired: Desired) -> int:
+        """Run, hold or stop every job whose labels match; returns how many changed."""
+        if not selector:
+            raise ErrInvalid("an empty selector would match every job", field="selector")
+        with self.store.transaction() as tx:
+            ids = repo.job_ids_by_selector(tx, selector)
+            return repo.set_desired(tx, ids, desired, now=int(self.clock()))
 
     def cancel(self, job_id: str) -> None:
         self._set([job_id], Desired.STOPPED)
@@ -70,11 +126,7 @@ class Client:
 
     def cancel_selector(self, selector: Mapping[str, str]) -> int:
         """Bulk stop: every job whose labels match (a whole workflow)."""
-        if not selector:
-            raise ErrInvalid("an empty selector would match every job", field="selector")
-        with self.store.transaction() as tx:
-            ids = repo.job_ids_by_selector(tx, selector)
-            return repo.set_desired(tx, ids, Desired.STOPPED, now=int(self.clock()))
+        return self.set_desired_selector(selector, Desired.STOPPED)
 
     def wait(self, job_id: str, *, timeout: float | None = None, poll_s: float = 1.0,
              on_change: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

@@ -1,76 +1,95 @@
-"""Configuration: grouped frozen dataclasses decoded from one TOML file.
+"""Configuration: one tree of frozen dataclasses, decoded from one TOML file by one decoder.
 
-Every key has a default, so ``load_config(None)`` (no file at all) is a working
-configuration for a local Slurm. The file has one table per group::
+Every key is a dataclass field made with ``controller.model.setting.setting``: its
+default, unit, bounds, meaning and whether it is secret are written there and nowhere
+else. ``parse_config`` (the one generic decoder, driven by those fields),
+``Config.redacted()``, ``dispatchctl config --defaults`` and the key table in the README
+(``render_markdown``, kept equal by ``tests/test_config.py``) all read them.
 
-    [cluster]
-    name = "lab"                      # ObjectRef.cluster of every object
+The groups, in file order: ``[cluster]``, ``[transport]``, ``[output]``,
+``[environment]``, ``[defaults]`` (``controller.model.spec.Placement``), ``[database]``,
+``[daemon]``, ``[reconcile]`` (``controller.reconcile.settings.ReconcileConfig``) and
+``[slurm]``. Every key has a default, so ``load_config(None)`` (no file at all) is a
+working configuration for a local Slurm.
 
-    [transport]
-    kind = "local"                    # "local" (subprocess) or "ssh"
-    host = ""                         # ssh: the Slurm login host (required for ssh)
-    port = 22                         # ssh
-    user = ""                         # ssh: remote user; empty = the controller's user
-    key_file = ""                     # ssh: private key; empty = the client's defaults
-    known_hosts = ""                  # ssh: known_hosts file; empty = ~/.ssh/known_hosts.
-                                      #      Host-key checking cannot be turned off.
-    run_as = ""                       # local: run Slurm commands as this user (runuser -u)
-    command_timeout_s = 30            # every Slurm command is killed after this
-
-    [output]
-    dir = "~/.dispatch/output"        # on the Slurm host; "~" = that user's home.
-                                      # Absolute or "~/..."; no %, \\, newline, tab.
-
-    [environment]
-    pass = ["PATH"]                   # host variables every job inherits (SPEC §3.2)
-
-    [defaults]                        # the slurm.Placement keys; a job's Placement
-    partition = ""                    # overrides each non-empty field (SPEC §3.1)
-    account = ""
-    qos = ""
-    reservation = ""
-    constraint = ""
-    nodelist = ""
-    exclude = ""
-    exclusive = false
-
-    [database]
-    url = "sqlite:///dispatch.db"     # SQLAlchemy URL; log it with redact_url()
-
-    [daemon]
-    tick_interval_s = 5               # reconcile period
-    metrics_host = "127.0.0.1"        # Prometheus endpoint
-    metrics_port = 9464
-    unknown_grace_s = 300             # missing from squeue and sacct this long -> ended/unknown
-    sacct_window_s = 604800           # sacct -S looks back this far (7 days)
-    cluster_stats_interval_s = 60     # how often cluster-wide gauges are refreshed
-    slurm_rate_per_s = 20             # one global budget over all Slurm commands
-
-Unknown groups or keys and wrong types are refused with ``ErrInvalid`` naming the
-dotted key (``daemon.tick_interval``). Paths other than ``output.dir`` are kept as
-written; whoever opens them expands ``~`` on the controller's host.
+Unknown groups or keys, wrong types and values out of bounds are refused with
+``ErrInvalid`` naming the dotted key (``daemon.tick_interval``). Keys that moved
+(``MOVED``) are still accepted where they were, with a logged warning. Paths other than
+``output.dir`` are kept as written; whoever opens them expands ``~`` on the
+controller's host.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import json
+import logging
 import math
 import os
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Final
 
 from controller.errors import ErrInvalid
-from controller.model.spec import Placement, check_env_name, parse_placement
-from controller.slurm.script import DEFAULT_OUTPUT_DIR, StartSettings, check_output_dir
+from controller.model.setting import MASK, Setting, redact_url, setting, setting_of
+from controller.model.spec import Placement, check_env_name
+from controller.reconcile.settings import ReconcileConfig
+from controller.slurm.script import (
+    DEFAULT_OUTPUT_DIR,
+    DEFAULT_PASS,
+    StartSettings,
+    check_output_dir,
+)
+
+log = logging.getLogger("dispatch.config")
 
 _CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_MASK = "***"
+
+# ---------------------------------------------------------------- checks of single keys
+
+
+def _pattern(regex: re.Pattern[str], what: str) -> Any:
+    def check(value: str, path: str) -> str:
+        if regex.fullmatch(value) is None:
+            raise ErrInvalid(f"must be {what}", field=path)
+        return value
+    return check
+
+
+def _host(value: str, path: str) -> str:
+    if value.startswith("-") or any(c.isspace() for c in value):
+        raise ErrInvalid("must be a host name or address", field=path)
+    return value
+
+
+def _output_dir(value: str, _path: str) -> str:
+    return check_output_dir(value)
+
+
+def _pass_names(value: tuple[str, ...], path: str) -> tuple[str, ...]:
+    for i, name in enumerate(value):
+        check_env_name(name, f"{path}[{i}]")
+        if name in value[:i]:
+            raise ErrInvalid(f"{name} is listed twice", field=f"{path}[{i}]")
+    return value
+
+
+def _database_url(value: str, path: str) -> str:
+    if _URL_SCHEME_RE.match(value) is None:
+        raise ErrInvalid("must be a database URL such as sqlite:///dispatch.db", field=path)
+    return value
+
+
+_USER = _pattern(_USER_RE, "a user name")
+
+# ---------------------------------------------------------------- the groups
 
 
 class TransportKind(enum.Enum):
@@ -82,52 +101,105 @@ class TransportKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    name: str = "lab"
+    """The Slurm cluster this controller acts on."""
+
+    name: str = setting("lab", doc="ObjectRef.cluster of every object",
+                        check=_pattern(_CLUSTER_NAME_RE,
+                                       "1-64 of [A-Za-z0-9_.-], starting alphanumeric"))
 
 
 @dataclass(frozen=True, slots=True)
 class TransportConfig:
-    kind: TransportKind = TransportKind.LOCAL
-    host: str | None = None
-    port: int = 22
-    user: str | None = None
-    key_file: str | None = None
-    known_hosts: str | None = None
-    run_as: str | None = None
-    command_timeout_s: float = 30.0
+    """How Slurm commands reach the Slurm host."""
+
+    kind: TransportKind = setting(TransportKind.LOCAL,
+                                  doc='"local" (a subprocess) or "ssh" (one connection)')
+    host: str | None = setting(None, doc="ssh: the Slurm login host (required for ssh)",
+                               check=_host)
+    port: int = setting(22, minimum=1, maximum=65535, doc="ssh: the login host's port")
+    user: str | None = setting(None, doc="ssh: remote user; empty: the controller's user",
+                               check=_USER)
+    key_file: str | None = setting(None, doc="ssh: private key; empty: the client's defaults")
+    known_hosts: str | None = setting(
+        None, doc="ssh: known_hosts file; empty: ~/.ssh/known_hosts (host keys are always "
+                  "checked)")
+    run_as: str | None = setting(None, doc="local: run Slurm commands as this user "
+                                           "(runuser -u)", check=_USER)
+    command_timeout_s: float = setting(30.0, unit="s", positive=True,
+                                       doc="every Slurm command is killed after this")
+
+    def validate(self) -> None:
+        if self.kind is TransportKind.SSH and self.host is None:
+            raise ErrInvalid("is required when transport.kind is ssh", field="transport.host")
+        if self.kind is TransportKind.LOCAL:
+            for key in ("host", "user"):
+                if getattr(self, key) is not None:
+                    raise ErrInvalid("applies only when transport.kind is ssh",
+                                     field=f"transport.{key}")
+        if self.kind is TransportKind.SSH and self.run_as is not None:
+            raise ErrInvalid("applies only when transport.kind is local",
+                             field="transport.run_as")
 
 
 @dataclass(frozen=True, slots=True)
 class OutputConfig:
-    dir: str = DEFAULT_OUTPUT_DIR
+    """Where job output goes."""
+
+    dir: str = setting(DEFAULT_OUTPUT_DIR, check=_output_dir,
+                       doc='on the Slurm host; absolute or "~/..." (that user\'s home); '
+                           "no %, backslash, newline or tab")
 
 
 @dataclass(frozen=True, slots=True)
 class EnvironmentConfig:
-    pass_names: tuple[str, ...] = ("PATH",)  # the TOML key is ``pass``
+    """What every job inherits."""
+
+    pass_names: tuple[str, ...] = setting(DEFAULT_PASS, key="pass", check=_pass_names,
+                                          doc="variables of the Slurm host every job "
+                                              "inherits (SPEC §3.2)")
 
 
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
-    url: str = "sqlite:///dispatch.db"
+    """The desired-state database (DISPATCH_DATABASE_URL overrides url)."""
 
-    def redacted_url(self) -> str:
-        return redact_url(self.url)
+    url: str = setting("sqlite:///dispatch.db", secret=True, check=_database_url,
+                       doc="SQLAlchemy URL; its password is never logged")
 
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
-    tick_interval_s: float = 5.0
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9464
-    unknown_grace_s: float = 300.0
-    sacct_window_s: int = 7 * 24 * 3600
-    cluster_stats_interval_s: float = 60.0
-    slurm_rate_per_s: float = 20.0
-    # the leader lease: a standby takes over within lease_ttl_s of the leader's last
-    # renewal; the leader makes no Slurm write in the last lease_margin_s of its lease
-    lease_ttl_s: float = 30.0
-    lease_margin_s: float = 5.0
+    """The daemon loop, its HTTP endpoint and the leader lease."""
+
+    tick_interval_s: float = setting(5.0, unit="s", positive=True, doc="reconcile period")
+    metrics_host: str = setting("127.0.0.1",
+                                doc="address of /metrics, /healthz and /readyz")
+    metrics_port: int = setting(9464, minimum=1, maximum=65535,
+                                doc="port of /metrics, /healthz and /readyz")
+    cluster_stats_interval_s: float = setting(60.0, unit="s", positive=True,
+                                              doc="how often cluster-wide gauges are refreshed")
+    lease_ttl_s: float = setting(30.0, unit="s", positive=True,
+                                 doc="a standby takes over this long after the leader's last "
+                                     "renewal")
+    lease_margin_s: float = setting(5.0, unit="s", minimum=0,
+                                    doc="the leader makes no Slurm write in the last "
+                                        "lease_margin_s of its lease")
+
+    def validate(self) -> None:
+        if self.lease_margin_s >= self.lease_ttl_s:
+            raise ErrInvalid("must be shorter than daemon.lease_ttl_s",
+                             field="daemon.lease_margin_s")
+        if self.tick_interval_s >= self.lease_ttl_s - self.lease_margin_s:
+            raise ErrInvalid("must be shorter than daemon.lease_ttl_s - daemon.lease_margin_s "
+                             "(the lease is renewed every tick)", field="daemon.tick_interval_s")
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmConfig:
+    """How hard the controller may press on Slurm."""
+
+    rate_per_s: float = setting(20.0, unit="1/s", positive=True,
+                                doc="one global budget over all Slurm commands")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +211,8 @@ class Config:
     defaults: Placement = field(default_factory=Placement)
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def start_settings(self) -> StartSettings:
         """The part the Start script needs (``controller.slurm.script``)."""
@@ -146,254 +220,159 @@ class Config:
                              pass_names=self.environment.pass_names,
                              defaults=self.defaults)
 
-    def redacted(self) -> dict[str, Any]:
-        """The configuration as plain data for logs, with the database password masked."""
-        return {
-            "cluster": {"name": self.cluster.name},
-            "transport": {
-                "kind": self.transport.kind.value, "host": self.transport.host,
-                "port": self.transport.port, "user": self.transport.user,
-                "key_file": self.transport.key_file,
-                "known_hosts": self.transport.known_hosts,
-                "run_as": self.transport.run_as,
-                "command_timeout_s": self.transport.command_timeout_s,
-            },
-            "output": {"dir": self.output.dir},
-            "environment": {"pass": list(self.environment.pass_names)},
-            "defaults": {k: getattr(self.defaults, k) for k in _PLACEMENT_KEYS},
-            "database": {"url": self.database.redacted_url()},
-            "daemon": {k: getattr(self.daemon, k) for k in _DAEMON_KEYS},
-        }
+    def redacted(self) -> dict[str, dict[str, Any]]:
+        """The configuration as plain TOML-shaped data for logs, secrets masked."""
+        return {group: {key.name: _plain(getattr(getattr(self, group), key.attr), key.meta)
+                        for key in _keys(group)}
+                for group in _groups()}
 
 
-_PLACEMENT_KEYS = ("partition", "account", "qos", "reservation", "constraint", "nodelist",
-                   "exclude", "exclusive")
-_DAEMON_KEYS = ("tick_interval_s", "metrics_host", "metrics_port", "unknown_grace_s",
-                "sacct_window_s", "cluster_stats_interval_s", "slurm_rate_per_s",
-                "lease_ttl_s", "lease_margin_s")
-_GROUPS = ("cluster", "transport", "output", "environment", "defaults", "database", "daemon")
+# Keys that moved, old dotted key -> new: still accepted at the old place (a warning is
+# logged); setting both is refused.
+MOVED: Final[Mapping[str, str]] = {
+    "daemon.unknown_grace_s": "reconcile.unknown_grace_s",
+    "daemon.sacct_window_s": "reconcile.sacct_window_s",
+    "daemon.slurm_rate_per_s": "slurm.rate_per_s",
+}
+
+# ---------------------------------------------------------------- the one decoder
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, for logs."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return _MASK
-    if not password:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:{_MASK}@{hostport}"))
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One documented key: ``group.name``, the dataclass attribute, its Setting."""
+
+    group: str
+    name: str
+    attr: str
+    meta: Setting
+    type: Any
+    default: Any
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.group}.{self.name}"
 
 
-# ---------------------------------------------------------------- decoding helpers
+@functools.cache
+def _groups() -> dict[str, type[Any]]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in fields(Config)}
 
 
-def _table(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    value = doc.get(name, {})
-    if not isinstance(value, Mapping):
-        raise ErrInvalid("must be a table", field=name)
-    return value
+@functools.cache
+def _keys(group: str) -> tuple[Key, ...]:
+    cls = _groups()[group]
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        meta = setting_of(f)
+        if meta is None:
+            raise TypeError(f"{cls.__name__}.{f.name} is not a setting")
+        out.append(Key(group, meta.key or f.name, f.name, meta, hints[f.name], f.default))
+    return tuple(out)
 
 
-def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...], group: str) -> None:
-    for key in table:
-        if key not in allowed:
-            raise ErrInvalid("unknown key", field=f"{group}.{key}" if group else str(key))
+def keys() -> list[Key]:
+    """Every key of the configuration, in file order."""
+    return [key for group in _groups() for key in _keys(group)]
 
 
-def _string(value: object, path: str, *, pattern: re.Pattern[str] | None = None,
-            what: str = "") -> str:
+def _decode_value(value: object, key: Key, path: str) -> Any:
+    kind, optional = key.type, False
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
+        optional = True
+    meta = key.meta
+    result: Any
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ErrInvalid("must be true or false", field=path)
+        result = value
+    elif kind is int or kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ErrInvalid("must be a number", field=path)
+        if kind is int and not isinstance(value, int):
+            raise ErrInvalid("must be an integer", field=path)
+        if not math.isfinite(value):
+            raise ErrInvalid("must be a finite number", field=path)
+        result = kind(value)
+        if meta.positive and result <= 0:
+            raise ErrInvalid("must be a positive number", field=path)
+        low = -math.inf if meta.minimum is None else meta.minimum
+        high = math.inf if meta.maximum is None else meta.maximum
+        if not low <= result <= high:
+            raise ErrInvalid(f"must be {meta.bounds()}", field=path)
+    elif kind is str:
+        result = _string(value, path)
+        if optional and not result:
+            return None
+    elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+        choices = [m.value for m in kind]
+        if not isinstance(value, str) or value not in choices:
+            raise ErrInvalid("must be " + " or ".join(json.dumps(c) for c in choices),
+                             field=path)
+        result = kind(value)
+    elif typing.get_origin(kind) is tuple:
+        if not isinstance(value, list):
+            raise ErrInvalid("must be a list", field=path)
+        result = tuple(_string(v, f"{path}[{i}]") for i, v in enumerate(value))
+    else:  # pragma: no cover - a programming error in a group's definition
+        raise TypeError(f"{path}: no decoder for {kind!r}")
+    return meta.check(result, path) if meta.check is not None else result
+
+
+def _string(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise ErrInvalid("must be a string", field=path)
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ErrInvalid("must not contain control characters", field=path)
-    if pattern is not None and pattern.fullmatch(value) is None:
-        raise ErrInvalid(f"must be {what}", field=path)
     return value
 
 
-def _optional_string(table: Mapping[str, Any], key: str, group: str, *,
-                     pattern: re.Pattern[str] | None = None, what: str = "") -> str | None:
-    if key not in table:
-        return None
-    text = _string(table[key], f"{group}.{key}", pattern=pattern, what=what)
-    return text or None
-
-
-def _integer(value: object, path: str, *, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ErrInvalid("must be an integer", field=path)
-    if not minimum <= value <= maximum:
-        raise ErrInvalid(f"must be between {minimum} and {maximum}", field=path)
-    return value
-
-
-def _seconds(value: object, path: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ErrInvalid("must be a number", field=path)
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-        raise ErrInvalid("must be a positive number" if not allow_zero
-                         else "must be a non-negative number", field=path)
-    return number
-
-
-# ---------------------------------------------------------------- groups
-
-
-def _cluster(doc: Mapping[str, Any]) -> ClusterConfig:
-    table = _table(doc, "cluster")
-    _check_keys(table, ("name",), "cluster")
-    if "name" not in table:
-        return ClusterConfig()
-    return ClusterConfig(name=_string(table["name"], "cluster.name", pattern=_CLUSTER_NAME_RE,
-                                      what="1-64 of [A-Za-z0-9_.-], starting alphanumeric"))
-
-
-def _transport(doc: Mapping[str, Any]) -> TransportConfig:
-    table = _table(doc, "transport")
-    _check_keys(table, ("kind", "host", "port", "user", "key_file", "known_hosts", "run_as",
-                        "command_timeout_s"), "transport")
-    kind = TransportKind.LOCAL
-    if "kind" in table:
-        raw = _string(table["kind"], "transport.kind")
-        try:
-            kind = TransportKind(raw)
-        except ValueError:
-            raise ErrInvalid('must be "local" or "ssh"', field="transport.kind") from None
-    host = _optional_string(table, "host", "transport")
-    if host is not None and (host.startswith("-") or any(c.isspace() for c in host)):
-        raise ErrInvalid("must be a host name or address", field="transport.host")
-    user = _optional_string(table, "user", "transport", pattern=_USER_RE, what="a user name")
-    run_as = _optional_string(table, "run_as", "transport", pattern=_USER_RE,
-                              what="a user name")
-    if kind is TransportKind.SSH and host is None:
-        raise ErrInvalid("is required when transport.kind is ssh", field="transport.host")
-    if kind is TransportKind.LOCAL:
-        for key, value in (("host", host), ("user", user)):
-            if value is not None:
-                raise ErrInvalid("applies only when transport.kind is ssh",
-                                 field=f"transport.{key}")
-    if kind is TransportKind.SSH and run_as is not None:
-        raise ErrInvalid("applies only when transport.kind is local", field="transport.run_as")
-    return TransportConfig(
-        kind=kind,
-        host=host,
-        port=(_integer(table["port"], "transport.port", minimum=1, maximum=65535)
-              if "port" in table else 22),
-        user=user,
-        key_file=_optional_string(table, "key_file", "transport"),
-        known_hosts=_optional_string(table, "known_hosts", "transport"),
-        run_as=run_as,
-        command_timeout_s=(_seconds(table["command_timeout_s"], "transport.command_timeout_s")
-                           if "command_timeout_s" in table else 30.0),
-    )
-
-
-def _output(doc: Mapping[str, Any]) -> OutputConfig:
-    table = _table(doc, "output")
-    _check_keys(table, ("dir",), "output")
-    if "dir" not in table:
-        return OutputConfig()
-    raw = table["dir"]
-    if not isinstance(raw, str):
-        raise ErrInvalid("must be a string", field="output.dir")
-    return OutputConfig(dir=check_output_dir(raw))
-
-
-def _environment(doc: Mapping[str, Any]) -> EnvironmentConfig:
-    table = _table(doc, "environment")
-    _check_keys(table, ("pass",), "environment")
-    if "pass" not in table:
-        return EnvironmentConfig()
-    raw = table["pass"]
-    if not isinstance(raw, list):
-        raise ErrInvalid("must be a list of variable names", field="environment.pass")
-    names: list[str] = []
-    for i, name in enumerate(raw):
-        path = f"environment.pass[{i}]"
-        if not isinstance(name, str):
-            raise ErrInvalid("must be a string", field=path)
-        check_env_name(name, path)
-        if name in names:
-            raise ErrInvalid(f"{name} is listed twice", field=path)
-        names.append(name)
-    return EnvironmentConfig(pass_names=tuple(names))
-
-
-def _defaults(doc: Mapping[str, Any]) -> Placement:
-    if "defaults" not in doc:
-        return Placement()
-    return parse_placement(doc["defaults"], "defaults")
-
-
-def _database(doc: Mapping[str, Any]) -> DatabaseConfig:
-    table = _table(doc, "database")
-    _check_keys(table, ("url",), "database")
-    if "url" not in table:
-        return DatabaseConfig()
-    url = table["url"]
-    if not isinstance(url, str) or _URL_SCHEME_RE.match(url) is None:
-        raise ErrInvalid("must be a database URL such as sqlite:///dispatch.db",
-                         field="database.url")
-    return DatabaseConfig(url=url)
-
-
-def _daemon(doc: Mapping[str, Any]) -> DaemonConfig:
-    table = _table(doc, "daemon")
-    _check_keys(table, _DAEMON_KEYS, "daemon")
-    base = DaemonConfig()
-
-    def seconds(key: str, default: float, *, allow_zero: bool = False) -> float:
-        if key not in table:
-            return default
-        return _seconds(table[key], f"daemon.{key}", allow_zero=allow_zero)
-
-    daemon = DaemonConfig(
-        tick_interval_s=seconds("tick_interval_s", base.tick_interval_s),
-        metrics_host=(_string(table["metrics_host"], "daemon.metrics_host")
-                      if "metrics_host" in table else base.metrics_host),
-        metrics_port=(_integer(table["metrics_port"], "daemon.metrics_port", minimum=1,
-                               maximum=65535)
-                      if "metrics_port" in table else base.metrics_port),
-        unknown_grace_s=seconds("unknown_grace_s", base.unknown_grace_s, allow_zero=True),
-        sacct_window_s=(_integer(table["sacct_window_s"], "daemon.sacct_window_s", minimum=1,
-                                 maximum=100 * 365 * 24 * 3600)
-                        if "sacct_window_s" in table else base.sacct_window_s),
-        cluster_stats_interval_s=seconds("cluster_stats_interval_s",
-                                         base.cluster_stats_interval_s),
-        slurm_rate_per_s=seconds("slurm_rate_per_s", base.slurm_rate_per_s),
-        lease_ttl_s=seconds("lease_ttl_s", base.lease_ttl_s),
-        lease_margin_s=seconds("lease_margin_s", base.lease_margin_s, allow_zero=True),
-    )
-    if daemon.lease_margin_s >= daemon.lease_ttl_s:
-        raise ErrInvalid("must be shorter than daemon.lease_ttl_s", field="daemon.lease_margin_s")
-    if daemon.tick_interval_s >= daemon.lease_ttl_s - daemon.lease_margin_s:
-        raise ErrInvalid("must be shorter than daemon.lease_ttl_s - daemon.lease_margin_s "
-                         "(the lease is renewed every tick)", field="daemon.tick_interval_s")
-    return daemon
-
-
-# ---------------------------------------------------------------- entry points
+def decode_group(group: str, table: Mapping[str, Any], *,
+                 paths: Mapping[str, str] | None = None) -> Any:
+    """Group ``group`` from its TOML table; ``paths`` names keys given elsewhere (``MOVED``)."""
+    known = {key.name: key for key in _keys(group)}
+    for name in table:
+        if name not in known:
+            raise ErrInvalid("unknown key", field=f"{group}.{name}")
+    values = {key.attr: _decode_value(table[name], key, (paths or {}).get(name, key.dotted))
+              for name, key in known.items() if name in table}
+    decoded = _groups()[group](**values)
+    validate = getattr(decoded, "validate", None)
+    if validate is not None:
+        validate()
+    return decoded
 
 
 def parse_config(doc: Mapping[str, Any]) -> Config:
     """Decode a configuration document (the TOML as a dict); ErrInvalid names the key."""
     if not isinstance(doc, Mapping):
         raise ErrInvalid("the configuration must be a table")
-    _check_keys(doc, _GROUPS, "")
-    return Config(
-        cluster=_cluster(doc),
-        transport=_transport(doc),
-        output=_output(doc),
-        environment=_environment(doc),
-        defaults=_defaults(doc),
-        database=_database(doc),
-        daemon=_daemon(doc),
-    )
+    groups = _groups()
+    for name in doc:
+        if name not in groups:
+            raise ErrInvalid("unknown group", field=str(name))
+    tables: dict[str, dict[str, Any]] = {}
+    for name in groups:
+        table = doc.get(name, {})
+        if not isinstance(table, Mapping):
+            raise ErrInvalid("must be a table", field=name)
+        tables[name] = dict(table)
+    paths: dict[str, dict[str, str]] = {name: {} for name in groups}
+    for old, new in MOVED.items():
+        old_group, old_key = old.split(".")
+        new_group, new_key = new.split(".")
+        if old_key not in tables[old_group]:
+            continue
+        if new_key in tables[new_group]:
+            raise ErrInvalid(f"moved to {new}, which is also set: remove it", field=old)
+        log.warning("deprecated configuration key: it moved", extra={"key": old, "to": new})
+        tables[new_group][new_key] = tables[old_group].pop(old_key)
+        paths[new_group][new_key] = old
+    return Config(**{name: decode_group(name, tables[name], paths=paths[name])
+                     for name in groups})
 
 
 def load_config(path: str | None, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -406,7 +385,7 @@ def load_config(path: str | None, *, environ: Mapping[str, str] | None = None) -
     config = _load_file(path)
     url = env.get("DISPATCH_DATABASE_URL", "")
     if url:
-        config = replace(config, database=DatabaseConfig(url=url))
+        config = replace(config, database=replace(config.database, url=url))
     return config
 
 
@@ -421,3 +400,74 @@ def _load_file(path: str | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ErrInvalid(f"{path} is not valid TOML: {exc}", field="config") from exc
     return parse_config(doc)
+
+
+# ---------------------------------------------------------------- documentation
+
+
+def _plain(value: Any, meta: Setting) -> Any:
+    """A decoded value as TOML-shaped data (``None`` is ``""``), a secret masked."""
+    if value is None:
+        return ""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    if meta.secret and isinstance(value, str) and value:
+        return redact_url(value) if _URL_SCHEME_RE.match(value) else MASK
+    return value
+
+
+def toml_value(value: Any) -> str:
+    """``value`` (plain data) as a TOML literal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _describe(meta: Setting) -> str:
+    extra = ", ".join(x for x in (meta.unit and f"unit {meta.unit}",
+                                  meta.bounds(), meta.secret and "secret") if x)
+    return meta.doc + (f" ({extra})" if extra else "")
+
+
+def render_toml(config: Config | None = None) -> str:
+    """``config`` (default: the defaults), redacted, as a commented TOML file."""
+    shown = (config or Config()).redacted()
+    lines = ["# dispatch-controller configuration; every key is optional.", ""]
+    for group, cls in _groups().items():
+        lines.append(f"[{group}]  # {(cls.__doc__ or '').splitlines()[0].strip()}")
+        for key in _keys(group):
+            lines.append(f"# {_describe(key.meta)}")
+            lines.append(f"{key.name} = {toml_value(shown[group][key.name])}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_markdown() -> str:
+    """The README's key table: key, default, unit, bounds, meaning (from the fields)."""
+    rows = ["| key | default | unit | bounds | meaning |", "|---|---|---|---|---|"]
+    defaults = Config().redacted()
+    for key in keys():
+        doc = key.meta.doc.replace("|", "\\|") + (" (secret)" if key.meta.secret else "")
+        rows.append(f"| `{key.dotted}` | `{toml_value(defaults[key.group][key.name])}` "
+                    f"| {key.meta.unit} | {key.meta.bounds()} | {doc} |")
+    moved = ", ".join(f"`{old}` (now `{new}`)" for old, new in MOVED.items())
+    rows += ["", f"Still accepted where they were, with a warning in the log: {moved}."]
+    return "\n".join(rows)
+
+
+__all__ = [
+    "MOVED", "ClusterConfig", "Config", "DaemonConfig", "DatabaseConfig", "EnvironmentConfig",
+    "Key", "OutputConfig", "ReconcileConfig", "SlurmConfig", "TransportConfig",
+    "TransportKind", "decode_group", "keys", "load_config", "parse_config", "redact_url",
+    "render_markdown", "render_toml", "toml_value",
+]

@@ -62,8 +62,8 @@ def slurm_user(config: Config) -> str:
 def build_runner(config: Config, *, observer: Callable[[str, float, bool], None] | None = None,
                  ) -> Runner:
     t = config.transport
-    limiter = RateLimiter(rate=config.daemon.slurm_rate_per_s,
-                          burst=max(1, int(config.daemon.slurm_rate_per_s)))
+    limiter = RateLimiter(rate=config.slurm.rate_per_s,
+                          burst=max(1, int(config.slurm.rate_per_s)))
     if t.kind is TransportKind.SSH:
         assert t.host is not None
         known_hosts = t.known_hosts or str(Path("~/.ssh/known_hosts").expanduser())

@@ -58,10 +58,12 @@ url = "{database_url}"
 [daemon]
 tick_interval_s = {tick_s}
 metrics_port = {port}
-unknown_grace_s = {unknown_grace_s}
 cluster_stats_interval_s = 5
-slurm_rate_per_s = 200
 {extra}
+[reconcile]
+unknown_grace_s = {unknown_grace_s}
+[slurm]
+rate_per_s = 200
 """)
     return path
 

@@ -543,7 +543,13 @@ def pg_role_database(password: str) -> Iterator[str]:
 def config_text(*, database_url: str, port: int, transport: str = "local",
                 env: Mapping[str, str] | None = None, tick_s: float = 1.0,
                 unknown_grace_s: int = 600, command_timeout_s: int = 30,
-                extra: str = "") -> str:
+                adopt_window_s: int | None = None, extra: str = "") -> str:
+    """A daemon's configuration; ``extra`` holds more ``[daemon]`` lines. The adopt window
+    is ``DISPATCH_FAULT_ADOPT_WINDOW_S`` [30] unless given (the product's default is
+    180 s): shorter keeps CI fast, and safety does not depend on it (a late Slurm job of an
+    abandoned intent is gated and cancelled as a duplicate, never released)."""
+    if adopt_window_s is None:
+        adopt_window_s = int(knob("ADOPT_WINDOW_S", 30))
     if transport == "ssh":
         assert env is not None
         transport_table = f"""kind = "ssh"
@@ -567,10 +573,13 @@ url = "{database_url}"
 [daemon]
 tick_interval_s = {tick_s}
 metrics_port = {port}
-unknown_grace_s = {unknown_grace_s}
 cluster_stats_interval_s = 5
-slurm_rate_per_s = 200
 {extra}
+[reconcile]
+unknown_grace_s = {unknown_grace_s}
+adopt_window_s = {adopt_window_s}
+[slurm]
+rate_per_s = 200
 """
 
 
@@ -618,10 +627,8 @@ def fault_daemon(tmp: Path, database_url: str, *, transport: str = "local",
     cfg = tmp / f"fault-config-{port}.toml"
     cfg.write_text(config_text(database_url=config_url or database_url, port=port,
                                transport=transport, env=env, **kw))
-    extra = {"DISPATCH_FAULT_ADOPT_WINDOW_S": str(knob("ADOPT_WINDOW_S", 30)),
-             **(extra_env or {})}
     d = FaultDaemon(cfg, port, tmp / f"fault-daemon-{port}", record=tmp / f"record-{port}.jsonl",
-                    extra_env=extra)
+                    extra_env=dict(extra_env or {}))
     d.start()
     try:
         wait_for(lambda: "dispatch_ticks_total" in "".join(d.metrics()), timeout=60,

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from controller import cli, cli_jobs, wiring  # cli first: cli and cli_jobs import each other
-from controller.runner import Runner
+from controller import wiring
+from controller.cli import base
+from controller.cli import slurm as slurm_commands
 from controller.slurm.adapter import Capabilities, SlurmAdapter, preflight_problems
 from tests.slurm_fixtures import *  # noqa: F403
-from tests.slurm_fixtures import SlurmEnv, make_adapter
+from tests.slurm_fixtures import SlurmEnv, local_runner_for, make_adapter, matrix
 
 GOOD = Capabilities(slurm_version="22.05.8", accounting_history=True, job_comment=True,
                     whoami=True, output_dir_writable=True, cluster_name="lab")
@@ -55,8 +56,8 @@ class _NoRunner:
 
 
 @pytest.mark.parametrize(("caps", "code"), [
-    pytest.param(GOOD, cli.EXIT_OK, id="ok"),
-    pytest.param(dataclasses.replace(GOOD, whoami=False), cli.EXIT_FAILURE, id="lacking"),
+    pytest.param(GOOD, base.EXIT_OK, id="ok"),
+    pytest.param(dataclasses.replace(GOOD, whoami=False), base.EXIT_FAILURE, id="lacking"),
 ])
 def test_dispatchctl_preflight_exit_status(monkeypatch: pytest.MonkeyPatch,
                                            caps: Capabilities, code: int) -> None:
@@ -64,14 +65,14 @@ def test_dispatchctl_preflight_exit_status(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(wiring, "build_adapter", lambda config, runner: _FakeAdapter(caps))
     out, err = io.StringIO(), io.StringIO()
     args = argparse.Namespace(config=None, output="text")
-    assert cli_jobs._preflight(args, cli.Streams(out, err)) == code
-    assert ("squeue --me" in err.getvalue()) == (code == cli.EXIT_FAILURE)
+    assert slurm_commands._preflight(args, base.Streams(out, err)) == code
+    assert ("squeue --me" in err.getvalue()) == (code == base.EXIT_FAILURE)
 
 
 @pytest.mark.slurm
-async def test_the_lab_cluster_has_what_the_daemon_needs(slurm: SlurmEnv,
-                                                        local_runner: Runner) -> None:
-    adapter: SlurmAdapter = make_adapter(slurm, local_runner)
+@matrix
+async def test_the_lab_cluster_has_what_the_daemon_needs(slurm: SlurmEnv) -> None:
+    adapter: SlurmAdapter = make_adapter(slurm, local_runner_for(slurm))
     assert await adapter.check_preflight() == []
     assert adapter.capabilities is not None
     assert adapter.capabilities.slurm_user_uid == 0  # SlurmUser=root(0) on the lab cluster

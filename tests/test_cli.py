@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.cli import COMMANDS, build_parser, main
+from controller.cli.app import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_ID = "01JZ8Q2N5V0000000000000000"

@@ -1,21 +1,34 @@
-"""Configuration decoding: defaults, the example file, and every refusal naming its key."""
+"""Configuration: the one definition of every key (defaults, the README's table, the example
+file, ``dispatchctl config``), the one decoder, every refusal naming its key, moved keys,
+and the one ``redact_url``."""
 
 from __future__ import annotations
 
+import logging
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.cli import main
 from controller.config import (
+    MOVED,
     Config,
     TransportKind,
+    keys,
     load_config,
     parse_config,
     redact_url,
+    render_markdown,
+    render_toml,
 )
 from controller.errors import ErrInvalid
 from controller.model.spec import Placement
+from controller.reconcile.plan import PlanContext
+from controller.reconcile.settings import ReconcileConfig
+from controller.reconcile.tick import TickSettings
 from controller.slurm.script import StartSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,10 +46,34 @@ def test_defaults_without_a_file() -> None:
     assert config.defaults == Placement()
     assert config.database.url == "sqlite:///dispatch.db"
     d = config.daemon
-    assert (d.tick_interval_s, d.metrics_port, d.metrics_host, d.unknown_grace_s,
-            d.sacct_window_s, d.cluster_stats_interval_s, d.slurm_rate_per_s) == (
-        5, 9464, "127.0.0.1", 300, 7 * 24 * 3600, 60, 20)
+    assert (d.tick_interval_s, d.metrics_port, d.metrics_host, d.cluster_stats_interval_s,
+            d.lease_ttl_s, d.lease_margin_s) == (5, 9464, "127.0.0.1", 60, 30, 5)
+    r = config.reconcile
+    assert (r.adopt_window_s, r.unknown_grace_s, r.sacct_window_s, r.replan_s, r.plan_chunk,
+            r.action_concurrency) == (180, 300, 7 * 24 * 3600, 600, 2000, 8)
+    assert config.slurm.rate_per_s == 20
     assert config.start_settings() == StartSettings()
+
+
+def test_the_reconciler_has_no_defaults_of_its_own() -> None:
+    """The tick's settings are the [reconcile] group; the planner's defaults are read from
+    it: one definition each."""
+    assert TickSettings is ReconcileConfig
+    assert TickSettings() == Config().reconcile
+    ctx = PlanContext(now=0)
+    assert (ctx.unknown_grace_s, ctx.adopt_window_s) == (
+        Config().reconcile.unknown_grace_s, Config().reconcile.adopt_window_s)
+
+
+def test_no_second_definition_of_a_reconcile_default() -> None:
+    """Outside controller/reconcile/settings.py no module of the controller writes a
+    literal default for a [reconcile] key."""
+    names = "|".join(k.name for k in keys() if k.group == "reconcile")
+    literal = re.compile(rf"\b({names})\b\s*(:[^=\n]*)?=\s*[0-9]")
+    for path in (ROOT / "controller").rglob("*.py"):
+        if path.name == "settings.py" and path.parent.name == "reconcile":
+            continue
+        assert literal.search(path.read_text(encoding="utf-8")) is None, path
 
 
 def test_example_file() -> None:
@@ -47,6 +84,96 @@ def test_example_file() -> None:
     assert config.defaults == Placement(partition="batch", account="physics", qos="normal",
                                         constraint="skylake", exclude="node13")
     assert config.start_settings().defaults == config.defaults
+    assert config.reconcile == ReconcileConfig()
+
+
+def _example_keys() -> set[str]:
+    """Every key the example file sets or shows commented out, as ``group.key``."""
+    found: set[str] = set()
+    group = ""
+    text = (ROOT / "testdata" / "config" / "example.toml").read_text(encoding="utf-8")
+    for line in text.splitlines():
+        if m := re.fullmatch(r"\[(\w+)\]", line):
+            group = m[1]
+        elif m := re.fullmatch(r"(?:# )?(\w+) = .*", line):
+            found.add(f"{group}.{m[1]}")
+    return found
+
+
+def test_the_example_file_shows_every_key_and_no_other() -> None:
+    assert _example_keys() == {k.dotted for k in keys()}
+
+
+def _documented() -> dict[str, str]:
+    """The README's key table: dotted key -> the default as a TOML literal."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)` \|", readme, flags=re.M)
+    assert rows, "the README has no key table"
+    return dict(rows)
+
+
+def test_the_readme_table_is_generated_from_the_fields() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert render_markdown() in readme, "regenerate it: dispatchctl config --markdown"
+
+
+def test_every_documented_key_through_the_decoder() -> None:
+    """Each key of the README's table, at its documented default, goes through the
+    decoder; the redacted result shows every documented default and no other key."""
+    documented = _documented()
+    assert set(documented) == {k.dotted for k in keys()}
+    doc: dict[str, dict[str, Any]] = {}
+    for dotted, literal in documented.items():
+        group, key = dotted.split(".")
+        doc.setdefault(group, {})[key] = tomllib.loads(f"v = {literal}")["v"]
+    config = parse_config(doc)
+    assert config == Config()
+    shown = config.redacted()
+    assert {f"{g}.{k}" for g, table in shown.items() for k in table} == set(documented)
+    for dotted, literal in documented.items():
+        group, key = dotted.split(".")
+        assert shown[group][key] == tomllib.loads(f"v = {literal}")["v"], dotted
+
+
+def test_the_defaults_file_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "--defaults"]) == 0
+    out = capsys.readouterr().out
+    assert out == render_toml()
+    assert parse_config(tomllib.loads(out)) == Config()
+
+
+def test_dispatchctl_config_masks_the_password(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[database]\nurl = "postgresql://svc:hunter2@db/d"\n'
+                    "[reconcile]\nadopt_window_s = 30\n")
+    assert main(["config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and 'url = "postgresql://svc:***@db/d"' in out
+    assert parse_config(tomllib.loads(out)).reconcile.adopt_window_s == 30
+
+
+def test_every_key_is_described() -> None:
+    for key in keys():
+        assert key.meta.doc, key.dotted
+        if key.type in (int, float):
+            assert key.meta.bounds(), f"{key.dotted} has no bounds"
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, id=k.dotted) for k in keys()
+                                 if k.type in (int, float)])
+def test_numbers_out_of_bounds_or_of_the_wrong_type_name_the_key(key: Any) -> None:
+    low = 0 if key.meta.positive else (key.meta.minimum or 0) - 1
+    for bad in (low, True, "1", float("nan")):
+        if bad == low and key.meta.minimum is None and not key.meta.positive:
+            continue
+        with pytest.raises(ErrInvalid) as info:
+            parse_config({key.group: {key.name: bad}})
+        assert info.value.field == key.dotted, bad
+    if key.meta.maximum is not None:
+        with pytest.raises(ErrInvalid) as info:
+            parse_config({key.group: {key.name: int(key.meta.maximum) + 1}})
+        assert info.value.field == key.dotted
 
 
 def test_ssh_transport() -> None:
@@ -105,6 +232,23 @@ def test_output_dir_is_normalised() -> None:
     pytest.param({"daemon": {"sacct_window_s": 1.5}}, "daemon.sacct_window_s", id="window"),
     pytest.param({"daemon": {"slurm_rate_per_s": float("inf")}}, "daemon.slurm_rate_per_s",
                  id="rate-inf"),
+    pytest.param({"reconcile": {"sacct_window_s": 1.5}}, "reconcile.sacct_window_s",
+                 id="reconcile-window"),
+    pytest.param({"reconcile": {"adopt_window_s": 0}}, "reconcile.adopt_window_s",
+                 id="adopt-window-zero"),
+    pytest.param({"reconcile": {"plan_chunk": 0}}, "reconcile.plan_chunk", id="plan-chunk"),
+    pytest.param({"reconcile": {"adopt_window": 30}}, "reconcile.adopt_window",
+                 id="reconcile-unknown-key"),
+    pytest.param({"slurm": {"rate_per_s": 0}}, "slurm.rate_per_s", id="rate-zero"),
+    pytest.param({"slurm": []}, "slurm", id="slurm-not-table"),
+    pytest.param({"daemon": {"lease_margin_s": 30}}, "daemon.lease_margin_s",
+                 id="margin-over-ttl"),
+    pytest.param({"daemon": {"tick_interval_s": 25}}, "daemon.tick_interval_s",
+                 id="tick-over-lease"),
+    pytest.param({"daemon": {"metrics_host": 1}}, "daemon.metrics_host", id="host-type"),
+    pytest.param({"defaults": {"exclusive": 1}}, "defaults.exclusive", id="exclusive-int"),
+    pytest.param({"daemon": {"unknown_grace_s": 1}, "reconcile": {"unknown_grace_s": 2}},
+                 "daemon.unknown_grace_s", id="moved-and-new"),
 ])
 def test_refusals_name_the_key(doc: dict[str, Any], field: str) -> None:
     with pytest.raises(ErrInvalid) as info:
@@ -113,7 +257,16 @@ def test_refusals_name_the_key(doc: dict[str, Any], field: str) -> None:
 
 
 def test_zero_grace_is_allowed() -> None:
-    assert parse_config({"daemon": {"unknown_grace_s": 0}}).daemon.unknown_grace_s == 0
+    assert parse_config({"reconcile": {"unknown_grace_s": 0}}).reconcile.unknown_grace_s == 0
+
+
+def test_moved_keys_are_still_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="dispatch.config"):
+        config = parse_config({"daemon": {"unknown_grace_s": 0, "sacct_window_s": 60,
+                                          "slurm_rate_per_s": 3}})
+    assert (config.reconcile.unknown_grace_s, config.reconcile.sacct_window_s,
+            config.slurm.rate_per_s) == (0, 60, 3)
+    assert sorted(r.key for r in caplog.records) == sorted(MOVED)  # type: ignore[attr-defined]
 
 
 def test_load_errors(tmp_path: Path) -> None:
@@ -137,8 +290,24 @@ def test_load_errors(tmp_path: Path) -> None:
     pytest.param("postgresql+psycopg://svc:s3cr%40t@db:5432/dispatch",
                  "postgresql+psycopg://svc:***@db:5432/dispatch", id="password"),
     pytest.param("postgresql://svc@db/dispatch", "postgresql://svc@db/dispatch", id="no-pass"),
+    pytest.param("postgresql://:pw@db/d", "postgresql://:***@db/d", id="no-user"),
+    pytest.param("postgresql://svc:x@[::1]:5432/d", "postgresql://svc:***@[::1]:5432/d",
+                 id="ipv6"),
+    # the old urlsplit algorithm got this right, SQLAlchemy's make_url leaked "ss@"
     pytest.param("postgresql://svc:p@ss@db/d?sslmode=require",
                  "postgresql://svc:***@db/d?sslmode=require", id="at-in-password"),
+    # make_url got these right, urlsplit ended the user information early and leaked them
+    pytest.param("postgresql://svc:sec/ret@db/d", "postgresql://svc:***@db/d",
+                 id="slash-in-password"),
+    pytest.param("postgresql://svc:sec?ret@db/d", "postgresql://svc:***@db/d",
+                 id="question-mark-in-password"),
+    pytest.param("postgresql://svc:sec#ret@db/d", "postgresql://svc:***@db/d",
+                 id="hash-in-password"),
+    # malformed: urlsplit gave up (all masked), make_url's fallback kept the rest
+    pytest.param("postgresql://u:p@[bad/d", "postgresql://u:***@[bad/d", id="malformed"),
+    pytest.param("postgresql://u:pw@h/d?password=zz&sslmode=require",
+                 "postgresql://u:***@h/d?password=***&sslmode=require", id="query-password"),
+    pytest.param("u:pw@h", "***", id="no-scheme"),
 ])
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown

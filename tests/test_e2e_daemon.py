@@ -206,7 +206,8 @@ def test_notify_wakes_the_loop_on_postgresql(cluster: dict[str, str], tmp_path: 
     """With a long tick interval, an insert is still picked up at once (LISTEN/NOTIFY)."""
     Store(pg_url).migrate()
     client = Client(pg_url)
-    with daemon(tmp_path, pg_url, tick_s=60) as d:
+    # a tick of 60 s needs a lease longer than the tick plus its margin
+    with daemon(tmp_path, pg_url, tick_s=60, extra="lease_ttl_s = 120") as d:
         wait_for(lambda: d.metrics().get("dispatch_leader") == 1.0, timeout=30,
                  what="leader")
         time.sleep(2)

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from controller.cli import main, read_document
+from controller.cli import main
+from controller.cli.documents import read_document
 from controller.config import load_config, parse_config
 from controller.model.ids import parse_job_id
 from controller.model.obs import StartRequest

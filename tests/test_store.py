@@ -12,8 +12,9 @@ from sqlalchemy import text
 
 from controller.errors import ErrInvalid
 from controller.model.job import Desired, Phase
+from controller.model.setting import redact_url
 from controller.store import repo
-from controller.store.db import Store, redact_url
+from controller.store.db import Store
 from controller.store.models import Base
 
 DOC = {"command": ["echo", "hi"], "workdir": "/tmp", "labels": {"wf": "a"}}
@@ -25,12 +26,12 @@ def test_migrations_match_models(any_store: Store) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(ctx, Base.metadata)
     assert diff == []
-    assert any_store.current_revision() == "0003"
+    assert any_store.current_revision() == "0004"
 
 
 def test_migrate_is_idempotent(any_store: Store) -> None:
     any_store.migrate()
-    assert any_store.current_revision() == "0003"
+    assert any_store.current_revision() == "0004"
 
 
 def test_insert_and_load_round_trip(any_store: Store) -> None:

@@ -30,7 +30,7 @@ from controller.daemon.http import HealthServer
 from controller.errors import DispatchError, LeaseLost
 from controller.metrics import Metrics
 from controller.reconcile.ports import SlurmPort
-from controller.reconcile.tick import Clock, Reconciler, TickSettings
+from controller.reconcile.tick import Clock, Reconciler
 from controller.store import notify
 from controller.store.db import Store
 from controller.store.lease import Lease, LeaseInfo, read_lease
@@ -51,10 +51,7 @@ class Daemon:
         self.lease = lease if lease is not None else Lease(
             store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, clock=clock)
         self.reconciler = Reconciler(store, adapter, metrics=metrics, clock=clock,
-                                     settings=TickSettings(
-                                         unknown_grace_s=int(d.unknown_grace_s),
-                                         sacct_window_s=d.sacct_window_s),
-                                     fence=self.lease)
+                                     settings=config.reconcile, fence=self.lease)
         self._held_epoch: int | None = None  # the epoch the last tick ran under
         self.seen: LeaseInfo | None = None  # the lease row as last read
         self.preflight = preflight

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.errors import ErrInvalid, ErrUnsupported
+from controller.model.setting import setting
 
 SHELL_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIX = "DISPATCH_"
@@ -35,6 +36,10 @@ _RESOURCE_KEYS = ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "
                   "time_limit_s")
 
 
+def _word(value: object, path: str) -> str:
+    return _slurm_word(value, path)  # defined below, with the document's other checks
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
     nodes: int | None = None
@@ -47,16 +52,19 @@ class Resources:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """The ``slurm.Placement`` extension, also the shape of the configured defaults."""
+    """Default Slurm placement: a job's own Placement overrides each non-empty field.
 
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    reservation: str = ""
-    constraint: str = ""
-    nodelist: str = ""
-    exclude: str = ""
-    exclusive: bool = False
+    The ``slurm.Placement`` extension of a job document and the ``[defaults]`` settings
+    group (SPEC §3.1)."""
+
+    partition: str = setting("", doc="sbatch --partition", check=_word)
+    account: str = setting("", doc="sbatch --account", check=_word)
+    qos: str = setting("", doc="sbatch --qos", check=_word)
+    reservation: str = setting("", doc="sbatch --reservation", check=_word)
+    constraint: str = setting("", doc="sbatch --constraint (node features)", check=_word)
+    nodelist: str = setting("", doc="sbatch --nodelist", check=_word)
+    exclude: str = setting("", doc="sbatch --exclude", check=_word)
+    exclusive: bool = setting(False, doc="sbatch --exclusive (whole nodes)")
 
     def merged_over(self, defaults: Placement) -> Placement:
         """Each non-empty field of self replaces the same field of ``defaults``."""
@@ -305,6 +313,23 @@ def _labels(value: object) -> tuple[tuple[str, str], ...]:
                              field=f"labels.{key}")
         out.append((key, text))
     return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class JobDocument:
+    """A job document that has been validated: as written (stored verbatim) and its spec.
+
+    ``JobDocument.parse`` is the one validation a client's document goes through on its
+    way to the database (``dispatchctl submit``, ``Client.submit``, ``repo.insert_job``)."""
+
+    document: Mapping[str, Any]
+    spec: JobSpec
+
+    @classmethod
+    def parse(cls, doc: object) -> JobDocument:
+        spec = parse_job_document(doc)
+        assert isinstance(doc, Mapping)  # parse_job_document refuses anything else
+        return cls(doc, spec)
 
 
 def parse_job_document(doc: object) -> JobSpec:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from controller.errors import ErrInvalid, TransientError
+from controller.model.setting import redact_url
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -24,14 +24,6 @@ def migrations_dir() -> Path:
         if (candidate / "env.py").exists():
             return candidate
     raise FileNotFoundError("alembic migrations directory not found")
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and metrics)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a malformed URL must still never leak
-        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
 def normalise_url(url: str) -> str:
@@ -72,6 +64,12 @@ def make_engine(url: str, *, idle_tx_timeout_s: float | None = None) -> Engine:
                          connect_args=connect_args)
 
 
+def unavailable(exc: OperationalError) -> TransientError:
+    """The driver's complaint (server down, file not writable) as one line."""
+    reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+    return TransientError(f"database unavailable: {reason[:200]}")
+
+
 class Store:
     """Owns the engine and hands out transactions; the caller owns each transaction."""
 
@@ -91,7 +89,7 @@ class Store:
             with self._sessions() as session, session.begin():
                 yield session
         except OperationalError as exc:
-            raise TransientError(f"database unavailable: {type(exc.orig).__name__}") from exc
+            raise unavailable(exc) from exc
 
     def ping(self) -> bool:
         try:
@@ -105,7 +103,10 @@ class Store:
         """Upgrade the schema to ``revision`` with Alembic."""
         from alembic import command
 
-        command.upgrade(self.alembic_config(), revision)
+        try:
+            command.upgrade(self.alembic_config(), revision)
+        except OperationalError as exc:
+            raise unavailable(exc) from exc
 
     def alembic_config(self) -> Any:
         from alembic.config import Config as AlembicConfig
@@ -116,11 +117,15 @@ class Store:
         return cfg
 
     def current_revision(self) -> str | None:
-        with self.engine.connect() as conn:
-            if not inspect(conn).has_table("alembic_version"):
-                return None
-            row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
-            return None if row is None else str(row[0])
+        """The schema's Alembic revision; None before the first migration."""
+        try:
+            with self.engine.connect() as conn:
+                if not inspect(conn).has_table("alembic_version"):
+                    return None
+                row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
+                return None if row is None else str(row[0])
+        except OperationalError as exc:
+            raise unavailable(exc) from exc
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -70,7 +70,7 @@ def read_lease(tx: Session, name: str = DEFAULT_LEASE) -> LeaseInfo | None:
 class Lease:
     """This process's view of one lease. Not thread-safe: use it from one thread or loop."""
 
-    def __init__(self, store: Store, *, ttl_s: float = 30.0, margin_s: float = 5.0,
+    def __init__(self, store: Store, *, ttl_s: float, margin_s: float,
                  holder: str | None = None, name: str = DEFAULT_LEASE,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:

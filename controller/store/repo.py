@@ -31,7 +31,7 @@ from controller.model.job import (
 )
 from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, State
 from controller.model.policy import DEFAULT_POLICY, RecoveryPolicy, parse_policy
-from controller.model.spec import JobSpec, parse_job_document
+from controller.model.spec import JobDocument, JobSpec, parse_job_document
 from controller.store.models import Event, Job, JobStatus, Submission
 
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
@@ -40,16 +40,19 @@ TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
 # ---------------------------------------------------------------- client side
 
 
-def insert_job(tx: Session, *, job_id: str, document: Mapping[str, Any], desired: str = "run",
-               policy: Mapping[str, Any] | None = None, now: int) -> None:
-    """Write a new desired job record (validated first, so clients get errors at once)."""
+def insert_job(tx: Session, *, job_id: str, document: Mapping[str, Any] | JobDocument,
+               desired: str = "run", policy: Mapping[str, Any] | None = None,
+               now: int) -> None:
+    """Write a new desired job record (validated first, so clients get errors at once;
+    a ``JobDocument`` has been validated already)."""
     parse_job_id(job_id)
-    parse_job_document(document)
+    if not isinstance(document, JobDocument):
+        document = JobDocument.parse(document)
     Desired(desired)
     if policy is not None:
         parse_policy(policy)
-    labels = document.get("labels", {})
-    tx.add(Job(id=job_id, spec=json.dumps(document, sort_keys=True),
+    labels = document.document.get("labels", {})
+    tx.add(Job(id=job_id, spec=json.dumps(document.document, sort_keys=True),
                labels=json.dumps(labels, sort_keys=True), desired=desired,
                policy=None if policy is None else json.dumps(policy, sort_keys=True),
                generation=1, created_at=now, updated_at=now))
@@ -318,7 +321,7 @@ SAVED_COLUMNS: tuple[str, ...] = (
     "current_since", "slurm_job_id", "slurm_submit", "cluster", "object_state", "cause",
     "cause_detail", "exit_code", "reason", "budgets_used", "excluded_nodes", "conditions",
     "not_before", "unknown_since", "hold_instance", "nodes", "started_at", "ended_at",
-    "outputs_verified",
+    "outputs_verified", "sluid",
 )
 _SAVED_FIRST = 8  # index of the first SAVED_COLUMNS column in a load_tracked row
 _IN_CHUNK = 500  # ids per IN (...) list: well under every SQLite's variable limit
@@ -498,7 +501,7 @@ def _current_ref(row: Any, job_id: str, cluster: str) -> ObjectRef | None:
     if row.slurm_job_id is None or row.slurm_submit is None:
         return None
     return ObjectRef(row.cluster or cluster, "dj-" + job_id, row.slurm_job_id,
-                     row.slurm_submit)
+                     row.slurm_submit, sluid=row.sluid)
 
 
 def current_refs(tx: Session, cluster: str,
@@ -507,7 +510,7 @@ def current_refs(tx: Session, cluster: str,
     ``load_tracked`` would put it in ``JobState.current`` (None: no current object, or an
     intent): what the tick needs before one accounting read, without loading the jobs."""
     query = (select(Job.id, JobStatus.current_submission, JobStatus.slurm_job_id,
-                    JobStatus.slurm_submit, JobStatus.cluster)
+                    JobStatus.slurm_submit, JobStatus.cluster, JobStatus.sluid)
              .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
     wanted = list(ids)
     out: dict[str, ObjectRef | None] = {}
@@ -559,6 +562,7 @@ def status_row_values(state: JobState, *, reject_reason: str = "") -> dict[str, 
         "started_at": state.started_at,
         "ended_at": state.ended_at,
         "outputs_verified": state.outputs_verified,
+        "sluid": ref.sluid if ref else None,
     }
 
 
@@ -687,6 +691,7 @@ def _record_observation(row: Submission, upd: SubmissionUpdate) -> None:
         row.cluster = obs.ref.cluster
         row.slurm_job_id = obs.ref.id
         row.slurm_submit = row.slurm_submit or obs.ref.submit
+        row.sluid = row.sluid or obs.ref.sluid  # live (26.05) or accounting (24.11)
         row.state = obs.state.value
         row.cause = obs.cause.kind.value
         row.cause_detail = obs.cause.detail
@@ -711,14 +716,15 @@ def record_submitted(tx: Session, job_id: str, submission: int, ref: ObjectRef) 
         Submission.status.in_(("intent", "submitted")),
         (Submission.slurm_job_id.is_(None)) | (Submission.slurm_job_id == ref.id))
         .values(status="submitted", cluster=ref.cluster, slurm_job_id=ref.id,
-                slurm_submit=ref.submit))
+                slurm_submit=ref.submit, sluid=ref.sluid))
     if int(sub.rowcount or 0) != 1:  # type: ignore[attr-defined]
         return False
     status = tx.execute(update(JobStatus).where(
         JobStatus.job_id == job_id, JobStatus.current_submission == submission,
         JobStatus.phase.not_in(TERMINAL),
         (JobStatus.slurm_job_id.is_(None)) | (JobStatus.slurm_job_id == ref.id))
-        .values(slurm_job_id=ref.id, slurm_submit=ref.submit, cluster=ref.cluster))
+        .values(slurm_job_id=ref.id, slurm_submit=ref.submit, cluster=ref.cluster,
+                sluid=ref.sluid))
     return int(status.rowcount or 0) == 1  # type: ignore[attr-defined]
 
 

@@ -1,7 +1,6 @@
 {{/*
-Named templates of the dispatch-controller chart. Rendered in tests by
-scripts/helm_render.py, which supports only a subset of Go templates: no variables,
-no "template" action; keep to what it documents.
+Named templates of the dispatch-controller chart. Rendered and linted in tests by Helm's
+own SDK (tests/test_helm.py, helm-python-sdk).
 */}}
 
 {{/* The chart name, or nameOverride. */}}
@@ -142,12 +141,17 @@ exclusive = {{ toJson .Values.config.defaults.exclusive }}
 tick_interval_s = {{ toJson .Values.config.daemon.tick_interval_s }}
 metrics_host = {{ toJson .Values.config.daemon.metrics_host }}
 metrics_port = {{ int .Values.config.daemon.metrics_port }}
-unknown_grace_s = {{ toJson .Values.config.daemon.unknown_grace_s }}
-sacct_window_s = {{ int .Values.config.daemon.sacct_window_s }}
 cluster_stats_interval_s = {{ toJson .Values.config.daemon.cluster_stats_interval_s }}
-slurm_rate_per_s = {{ toJson .Values.config.daemon.slurm_rate_per_s }}
 lease_ttl_s = {{ toJson .Values.config.daemon.lease_ttl_s }}
 lease_margin_s = {{ toJson .Values.config.daemon.lease_margin_s }}
+
+[reconcile]
+adopt_window_s = {{ int .Values.config.reconcile.adopt_window_s }}
+unknown_grace_s = {{ int .Values.config.reconcile.unknown_grace_s }}
+sacct_window_s = {{ int .Values.config.reconcile.sacct_window_s }}
+
+[slurm]
+rate_per_s = {{ toJson .Values.config.slurm.rate_per_s }}
 {{- end -}}
 
 {{/* The DISPATCH_DATABASE_URL variable and extraEnv, for any container of the chart. */}}

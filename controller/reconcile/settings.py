@@ -1,0 +1,43 @@
+"""The ``[reconcile]`` settings: the one definition of the planner's and the tick's knobs.
+
+``controller.config`` decodes this group like every other (``Config.reconcile``); the
+tick takes it as ``TickSettings`` and builds each ``PlanContext`` from it, and the
+planner's own defaults are read from it. Pure data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.model.setting import setting
+
+_HUNDRED_YEARS_S = 100 * 365 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileConfig:
+    """How the reconciler decides: time windows, the safety net, batching."""
+
+    adopt_window_s: int = setting(
+        180, unit="s", minimum=1, maximum=_HUNDRED_YEARS_S,
+        doc="an intent whose Slurm job has not appeared after this long is abandoned "
+            "(a late job of it stays gated and is cancelled)")
+    unknown_grace_s: int = setting(
+        300, unit="s", minimum=0, maximum=_HUNDRED_YEARS_S,
+        doc="a job missing from squeue and sacct this long ends with cause unknown "
+            "(a job's policy may set its own)")
+    sacct_window_s: int = setting(
+        7 * 24 * 3600, unit="s", minimum=1, maximum=_HUNDRED_YEARS_S,
+        doc="how far back sacct looks (sacct -S)")
+    replan_s: int = setting(
+        600, unit="s", minimum=1, maximum=_HUNDRED_YEARS_S,
+        doc="every job is planned again within replan_s..2*replan_s, whatever the skip "
+            "analysis says (the safety net)")
+    plan_chunk: int = setting(
+        2000, minimum=1, maximum=10_000_000,
+        doc="jobs loaded, planned and committed in one transaction")
+    action_concurrency: int = setting(
+        8, minimum=1, maximum=10_000, doc="Slurm actions of one tick run this many at a time")
+
+
+DEFAULTS = ReconcileConfig()
