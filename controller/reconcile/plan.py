@@ -47,6 +47,7 @@ from controller.model.obs import (
 from controller.model.policy import RecoveryPolicy
 from controller.model.spec import JobSpec
 from controller.reconcile.policy import OnExhausted, decide
+from controller.reconcile.settings import DEFAULTS
 
 
 class OutcomeKind(enum.Enum):
@@ -83,8 +84,8 @@ class Observed:
 @dataclass(frozen=True, slots=True)
 class PlanContext:
     now: int
-    unknown_grace_s: int = 600
-    adopt_window_s: int = 180  # how long an intent may wait for its object to show up
+    unknown_grace_s: int = DEFAULTS.unknown_grace_s
+    adopt_window_s: int = DEFAULTS.adopt_window_s  # how long an intent may wait for its object
     down_nodes: frozenset[str] = frozenset()
 
 

@@ -93,6 +93,7 @@ from controller.reconcile.plan import (
     same_object,
 )
 from controller.reconcile.ports import ClusterStats, Fence, NoFence, SlurmPort
+from controller.reconcile.settings import ReconcileConfig
 from controller.store import repo
 from controller.store.db import Store
 
@@ -101,16 +102,8 @@ log = logging.getLogger("dispatch.tick")
 Clock = Callable[[], float]
 
 
-@dataclass(frozen=True, slots=True)
-class TickSettings:
-    unknown_grace_s: int = 600
-    adopt_window_s: int = 180
-    sacct_window_s: int = 7 * 24 * 3600
-    action_concurrency: int = 8
-    # a job whose inputs did not change is still planned again after replan_s..2*replan_s
-    # (spread by job id): the safety net under the skip analysis (``_recheck_at``)
-    replan_s: int = 600
-    plan_chunk: int = 2000  # jobs loaded, planned and committed together
+# the ``[reconcile]`` settings (``controller.reconcile.settings``: their one definition)
+TickSettings = ReconcileConfig
 
 
 @dataclass(slots=True)
