@@ -12,11 +12,20 @@ Import with ``from tests.slurm_fixtures import *`` (they are plain pytest fixtur
   (``as_root``: node DOWN, ``scontrol requeue``, jobs of ``dispatch-other``);
 * ``jobs`` hands out fresh dispatch job ids and cancels whatever is left of them after
   the test; ``wait_obs`` polls an observation until a predicate holds.
+
+The version matrix: the host cluster is Slurm 22.05; ``scripts/slurm-up --version 24.11``
+and ``--version 26.05`` run clusters in chroots next to it (env files
+``/var/lib/dispatch-slurm/env-<version>``). ``slurm_version`` names the cluster a test
+talks to (22.05 unless the test is parametrised with ``@matrix``: every version of
+``DISPATCH_SLURM_VERSIONS``, default ``22.05,24.11,26.05``). For a chroot cluster the
+adapter's commands go over SSH as ``dispatch`` (``runner_for``; the ``local`` transport of
+``slurm_runner`` is skipped), and ``as_root``/``as_user`` run inside its chroot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import threading
@@ -33,22 +42,26 @@ from controller.model.ids import JobID, new_job_id
 from controller.model.obs import ObjectObs, ObjectRef, StartRequest
 from controller.model.spec import parse_job_document
 from controller.runner import LocalRunner, Runner, SSHRunner
-from controller.slurm.adapter import SlurmAdapter
+from controller.slurm.adapter import Capabilities, SlurmAdapter
 from controller.slurm.naming import discovery_name
 from controller.slurm.script import StartSettings
 
 __all__ = [
-    "OUTPUT_DIR", "SLURM_CTL", "SlurmEnv", "Tracker", "adapter", "as_root", "as_user", "cluster_up",
-    "jobs", "local_runner", "local_runner_for", "make_adapter", "make_ssh_runner",
-    "request_for", "run_in_thread",
-    "slurm", "slurm_runner", "squeue_rows", "ssh_runner", "wait_gone_from_squeue", "wait_obs",
-    "wait_node_ready",
+    "ALL_VERSIONS", "HOST_VERSION", "OUTPUT_DIR", "SLURM_CTL", "SlurmEnv", "Tracker", "adapter",
+    "as_root", "as_user", "capabilities_of", "close_ssh_runners", "cluster_up", "host_only",
+    "jobs", "local_runner", "local_runner_for", "make_adapter", "make_ssh_runner", "matrix",
+    "matrix_versions", "request_for", "run_in_thread", "runner_for", "slurm", "slurm_ctl",
+    "slurm_runner", "slurm_target", "slurm_version", "squeue_rows", "ssh_runner",
+    "wait_gone_from_squeue", "wait_obs", "wait_node_ready",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_UP = ROOT / "scripts" / "slurm-up"
 SLURM_CTL = ROOT / "scripts" / "slurm-ctl"
 ENV_FILE = Path("/var/lib/dispatch-slurm/env")
+HOST_VERSION = "22.05"  # the host's own packages (scripts/slurm-up without --version)
+ALL_VERSIONS = ("22.05", "24.11", "26.05")
+VERSIONS_VAR = "DISPATCH_SLURM_VERSIONS"
 # On the Slurm host (this machine), in the submit user's home.
 OUTPUT_DIR = "~/.dispatch/test-output"
 WORKDIR = "/tmp"
@@ -70,22 +83,78 @@ class SlurmEnv:
     cluster: str
     partition: str
     accounting: bool
+    series: str = HOST_VERSION  # "22.05", "24.11", "26.05"
+    chroot: str | None = None  # the root filesystem of a chroot cluster
 
 
-def _read_env() -> dict[str, str]:
+def matrix_versions() -> list[str]:
+    """The versions of ``DISPATCH_SLURM_VERSIONS`` (default: all three), in order."""
+    text = os.environ.get(VERSIONS_VAR, ",".join(ALL_VERSIONS))
+    versions = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in versions if v not in ALL_VERSIONS]
+    if unknown or not versions:
+        raise pytest.UsageError(f"{VERSIONS_VAR}={text!r}: known versions are "
+                                f"{', '.join(ALL_VERSIONS)}")
+    return versions
+
+
+# Run the test against every cluster of DISPATCH_SLURM_VERSIONS (grouped per module).
+matrix = pytest.mark.parametrize("slurm_version", matrix_versions(), indirect=True,
+                                 scope="module")
+# The host's 22.05 only, in a module whose module-scoped fixtures follow the version (so
+# these tests share the 22.05 instance with the module's @matrix tests).
+host_only = pytest.mark.parametrize("slurm_version", [HOST_VERSION], indirect=True,
+                                    scope="module")
+
+# The version of the running test (slurm_target); 22.05 outside one.
+_ACTIVE: list[str] = [HOST_VERSION]
+
+
+def env_file(version: str) -> Path:
+    return ENV_FILE if version == HOST_VERSION else ENV_FILE.with_name(f"env-{version}")
+
+
+def _read_env(version: str | None = None) -> dict[str, str]:
     env: dict[str, str] = {}
-    for line in ENV_FILE.read_text().splitlines():
+    for line in env_file(version or _ACTIVE[0]).read_text().splitlines():
         key, sep, value = line.partition("=")
         if sep:
             env[key.strip()] = value.strip()
     return env
 
 
-def _live_options() -> dict[str, str] | None:
+def _env_of(version: str) -> SlurmEnv:
+    env = _read_env(version)
+    return SlurmEnv(
+        version=env["SLURM_VERSION"], ssh_port=int(env["SSH_PORT"]), ssh_key=env["SSH_KEY"],
+        known_hosts=env["SSH_KNOWN_HOSTS"], submit_user=env["SUBMIT_USER"],
+        other_user=env["OTHER_USER"], node=env["NODE"], cluster=env["CLUSTER"],
+        partition=env["PARTITION"], accounting=env.get("ACCOUNTING", "on") == "on",
+        series=version, chroot=env.get("CHROOT") or None)
+
+
+def _root_prefix(version: str | None) -> list[str]:
+    """``chroot ROOT`` for a chroot cluster's commands; nothing for the host's."""
+    version = version or _ACTIVE[0]
+    if version == HOST_VERSION:
+        return []
+    return ["chroot", _read_env(version)["CHROOT"]]
+
+
+def slurm_ctl(*args: str, version: str | None = None,
+              check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``scripts/slurm-ctl [--version V] ARGS`` on the host (stop/start/status a daemon)."""
+    version = version or _ACTIVE[0]
+    pick = [] if version == HOST_VERSION else ["--version", version]
+    return subprocess.run([str(SLURM_CTL), *pick, *args], capture_output=True, text=True,
+                          check=check, timeout=120)
+
+
+def _live_options(version: str | None = None) -> dict[str, str] | None:
     """MinJobAge and MaxJobId of the running slurmctld, or None when it does not answer."""
     try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=15, check=False)
+        out = subprocess.run([*_root_prefix(version), "scontrol", "show", "config"],
+                             capture_output=True, text=True, timeout=15, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -98,7 +167,10 @@ def _live_options() -> dict[str, str] | None:
     return found
 
 
-def _daemons_up() -> bool:
+def _daemons_up(version: str | None = None) -> bool:
+    version = version or _ACTIVE[0]
+    if version != HOST_VERSION:
+        return slurm_ctl("status", version=version, check=False).returncode == 0
     for name in ("slurmctld", "slurmd", "slurmdbd", "sshd"):
         status = subprocess.run([str(SLURM_CTL), "status", name],
                                 capture_output=True, check=False)
@@ -110,65 +182,70 @@ def _daemons_up() -> bool:
 DEFAULT_MAX_JOB_ID = "67043328"
 
 
-def cluster_up(*, min_job_age: int | None = None, max_job_id: int | None = None) -> SlurmEnv:
-    """Make the cluster run with these options (None: Slurm's/slurm-up's defaults)."""
+def cluster_up(*, min_job_age: int | None = None, max_job_id: int | None = None,
+               version: str | None = None) -> SlurmEnv:
+    """Make the cluster of ``version`` (default: the running test's) run with these
+    options (None: Slurm's/slurm-up's defaults)."""
+    version = version or _ACTIVE[0]
     want_age = str(300 if min_job_age is None else min_job_age)
     want_max = DEFAULT_MAX_JOB_ID if max_job_id is None else str(max_job_id)
-    live = _live_options() if ENV_FILE.exists() else None
+    live = _live_options(version) if env_file(version).exists() else None
     if (live is None or live.get("MinJobAge") != want_age or live.get("MaxJobId") != want_max
-            or not _daemons_up()):
+            or not _daemons_up(version)):
         args = [str(SLURM_UP)]
+        if version != HOST_VERSION:
+            args += ["--version", version]
         if min_job_age is not None:
             args += ["--min-job-age", str(min_job_age)]
         if max_job_id is not None:
             args += ["--max-job-id", str(max_job_id)]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL, timeout=600)
-    wait_node_ready()
-    env = _read_env()
-    return SlurmEnv(
-        version=env["SLURM_VERSION"], ssh_port=int(env["SSH_PORT"]), ssh_key=env["SSH_KEY"],
-        known_hosts=env["SSH_KNOWN_HOSTS"], submit_user=env["SUBMIT_USER"],
-        other_user=env["OTHER_USER"], node=env["NODE"], cluster=env["CLUSTER"],
-        partition=env["PARTITION"], accounting=env.get("ACCOUNTING", "on") == "on")
+    wait_node_ready(version=version)
+    return _env_of(version)
 
 
-def wait_node_ready(timeout: float = 60) -> None:
+def wait_node_ready(timeout: float = 60, *, version: str | None = None) -> None:
     """Wait until the node takes jobs, resuming it if a test left it down."""
+    version = version or _ACTIVE[0]
     deadline = time.monotonic() + timeout
     resumed = 0.0
     state = ""
     while time.monotonic() < deadline:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                             check=False, timeout=15)
+        out = subprocess.run([*_root_prefix(version), "sinfo", "-h", "-o", "%T"],
+                             capture_output=True, text=True, check=False, timeout=15)
         state = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
         if state.rstrip("*") in ("idle", "mixed", "allocated", "completing"):
             return
         if state.startswith(("down", "drain", "fail")) and time.monotonic() - resumed > 3:
-            node = _read_env()["NODE"]
-            as_root("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+            node = _read_env(version)["NODE"]
+            as_root("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False,
+                    version=version)
             resumed = time.monotonic()
         time.sleep(0.3)
     raise AssertionError(f"node not ready after {timeout}s: {state!r}")
 
 
-def as_root(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """An administrator's command (we are root)."""
-    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=60,
-                          env={**os.environ, "TZ": "UTC"})
+def as_root(*argv: str, check: bool = True,
+            version: str | None = None) -> subprocess.CompletedProcess[str]:
+    """An administrator's command (we are root), on the cluster of ``version`` (default:
+    the running test's; inside the chroot for 24.11/26.05)."""
+    return subprocess.run([*_root_prefix(version), *argv], capture_output=True, text=True,
+                          check=check, timeout=60, env={**os.environ, "TZ": "UTC"})
 
 
-def as_user(user: str, *argv: str, check: bool = True,
-            stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def as_user(user: str, *argv: str, check: bool = True, stdin: str | None = None,
+            version: str | None = None) -> subprocess.CompletedProcess[str]:
     """A command of an ordinary user (``runuser``), with TZ=UTC."""
-    return subprocess.run(["runuser", "-u", user, "--", "env", "TZ=UTC", *argv],
+    return subprocess.run([*_root_prefix(version), "runuser", "-u", user, "--", "env",
+                           "TZ=UTC", *argv],
                           capture_output=True, text=True, check=check, timeout=60,
                           input=stdin)
 
 
-def squeue_rows(user: str, name: str) -> list[str]:
+def squeue_rows(user: str, name: str, *, version: str | None = None) -> list[str]:
     """``id|name|state`` of every job of ``user`` with this name (any state)."""
     out = as_user(user, "squeue", "-h", "--me", "--states=all", f"--name={name}",
-                  "-o", "%i|%j|%T")
+                  "-o", "%i|%j|%T", version=version)
     return [line for line in out.stdout.splitlines() if line.split("|")[1:2] == [name]]
 
 
@@ -218,8 +295,9 @@ def request_for(job_id: JobID, command: list[str], *, submission: int = 1, attem
 class Tracker:
     """Fresh dispatch job ids; whatever of them is still in the queue is cancelled after."""
 
-    def __init__(self, user: str) -> None:
+    def __init__(self, user: str, version: str | None = None) -> None:
         self.user = user
+        self.version = version or _ACTIVE[0]
         self.names: list[str] = []
 
     def new(self) -> JobID:
@@ -235,11 +313,11 @@ class Tracker:
             return
         wanted = set(self.names)
         out = as_root("squeue", "-h", "-a", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING",
-                      "-o", "%i|%j", check=False)
+                      "-o", "%i|%j", check=False, version=self.version)
         ids = [line.split("|")[0] for line in out.stdout.splitlines()
                if line.split("|", 1)[1:] and line.split("|", 1)[1] in wanted]
         if ids:
-            as_root("scancel", *ids, check=False)
+            as_root("scancel", *ids, check=False, version=self.version)
 
 
 async def wait_obs(read: Callable[[], Awaitable[ObjectObs | None]],
@@ -275,31 +353,94 @@ async def wait_gone_from_squeue(ref: ObjectRef, *, timeout: float = 90) -> None:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="session")
-def slurm() -> SlurmEnv:
-    """The cluster up, whatever options it runs with now."""
-    if not ENV_FILE.exists() or _live_options() is None or not _daemons_up():
-        return cluster_up()
-    env = _read_env()
-    wait_node_ready()
-    return SlurmEnv(
-        version=env["SLURM_VERSION"], ssh_port=int(env["SSH_PORT"]), ssh_key=env["SSH_KEY"],
-        known_hosts=env["SSH_KNOWN_HOSTS"], submit_user=env["SUBMIT_USER"],
-        other_user=env["OTHER_USER"], node=env["NODE"], cluster=env["CLUSTER"],
-        partition=env["PARTITION"], accounting=env.get("ACCOUNTING", "on") == "on")
+@pytest.fixture(scope="module")
+def slurm_version(request: pytest.FixtureRequest) -> str:
+    """The Slurm series a test talks to: its ``@matrix`` parameter, else the host's."""
+    return str(getattr(request, "param", HOST_VERSION))
 
 
-def local_runner_for(env: SlurmEnv, **kwargs: Any) -> LocalRunner:
+@pytest.fixture(autouse=True)
+def slurm_target(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Points ``as_root``/``as_user`` (and the other helpers' default) at the running
+    test's cluster, and back at the host's afterwards."""
+    callspec = getattr(request.node, "callspec", None)
+    version = str(callspec.params.get("slurm_version", HOST_VERSION)) if callspec else HOST_VERSION
+    _ACTIVE[0] = version
+    yield version
+    _ACTIVE[0] = HOST_VERSION
+
+
+@pytest.fixture(scope="module")
+def slurm(slurm_version: str) -> SlurmEnv:
+    """The cluster of ``slurm_version`` up, whatever options it runs with now."""
+    version = slurm_version
+    if (not env_file(version).exists() or _live_options(version) is None
+            or not _daemons_up(version)):
+        return cluster_up(version=version)
+    wait_node_ready(version=version)
+    return _env_of(version)
+
+
+def local_runner_for(env: SlurmEnv, **kwargs: Any) -> Runner:
+    """The host cluster: a LocalRunner as ``dispatch``; a chroot cluster: SSH (the
+    product's way; closed after the test by ``close_ssh_runners``)."""
+    if env.chroot is not None:
+        return runner_for(env, **kwargs)
     return LocalRunner(run_as=env.submit_user, default_timeout=60, **kwargs)
+
+
+def runner_for(env: SlurmEnv, **kwargs: Any) -> Runner:
+    """LocalRunner for the host cluster, an SSHRunner for a chroot cluster."""
+    if env.chroot is None:
+        return LocalRunner(run_as=env.submit_user, default_timeout=60, **kwargs)
+    return make_ssh_runner(env, **kwargs)
+
+
+_OPEN_SSH: list[SSHRunner] = []  # made by make_ssh_runner; closed after each test
 
 
 def make_ssh_runner(env: SlurmEnv, **kwargs: Any) -> SSHRunner:
     kwargs.setdefault("known_hosts", env.known_hosts)
-    return SSHRunner("127.0.0.1", port=env.ssh_port, username=env.submit_user,
-                     client_keys=[env.ssh_key], default_timeout=60, **kwargs)
+    runner = SSHRunner("127.0.0.1", port=env.ssh_port, username=env.submit_user,
+                       client_keys=[env.ssh_key], default_timeout=60, **kwargs)
+    _OPEN_SSH.append(runner)
+    return runner
+
+
+@pytest.fixture(autouse=True)
+async def close_ssh_runners() -> AsyncIterator[None]:
+    """Closes the SSH runners a test made and left open (closing twice is harmless)."""
+    yield
+    while _OPEN_SSH:
+        runner = _OPEN_SSH.pop()
+        # another loop's runner (run_in_thread) cannot be closed here: its loop is gone
+        with contextlib.suppress(Exception):
+            await runner.close()
+
+
+_CAPABILITIES: dict[str, Capabilities] = {}
+
+
+def capabilities_of(env: SlurmEnv) -> Capabilities:
+    """What Preflight finds on ``env``'s cluster (once per version and session): the
+    daemon runs Preflight on gaining the lease, so its adapter has them."""
+    caps = _CAPABILITIES.get(env.series)
+    if caps is None:
+        async def probe() -> Capabilities:
+            runner = runner_for(env)
+            try:
+                return await make_adapter(env, runner, capabilities=None).preflight()
+            finally:
+                await runner.close()
+        caps = _CAPABILITIES[env.series] = run_in_thread(probe)
+    return caps
 
 
 def make_adapter(env: SlurmEnv, runner: Runner, **kwargs: Any) -> SlurmAdapter:
+    """An adapter of ``env``'s cluster with its Preflight capabilities (identity: SLUID
+    writes on 26.05); ``capabilities=None`` for one that has not run Preflight."""
+    if "capabilities" not in kwargs:
+        kwargs["capabilities"] = capabilities_of(env)
     kwargs.setdefault("command_timeout", 60)
     return SlurmAdapter(runner, cluster=env.cluster, settings=StartSettings(
         output_dir=OUTPUT_DIR), user=env.submit_user, **kwargs)
@@ -307,7 +448,9 @@ def make_adapter(env: SlurmEnv, runner: Runner, **kwargs: Any) -> SlurmAdapter:
 
 @pytest.fixture
 def local_runner(slurm: SlurmEnv) -> LocalRunner:
-    return local_runner_for(slurm)
+    if slurm.chroot is not None:
+        pytest.skip(f"Slurm {slurm.series} runs in a chroot: reached over SSH only")
+    return LocalRunner(run_as=slurm.submit_user, default_timeout=60)
 
 
 @pytest.fixture
@@ -319,6 +462,8 @@ async def ssh_runner(slurm: SlurmEnv) -> AsyncIterator[SSHRunner]:
 
 @pytest.fixture(params=["local", "ssh"])
 async def slurm_runner(request: pytest.FixtureRequest, slurm: SlurmEnv) -> AsyncIterator[Runner]:
+    if request.param == "local" and slurm.chroot is not None:
+        pytest.skip(f"Slurm {slurm.series} runs in a chroot: reached over SSH only")
     runner: Runner = (local_runner_for(slurm) if request.param == "local"
                       else make_ssh_runner(slurm))
     yield runner
@@ -332,6 +477,6 @@ def adapter(slurm: SlurmEnv, slurm_runner: Runner) -> SlurmAdapter:
 
 @pytest.fixture
 def jobs(slurm: SlurmEnv) -> Iterator[Tracker]:
-    tracker = Tracker(slurm.submit_user)
+    tracker = Tracker(slurm.submit_user, slurm.series)
     yield tracker
     tracker.cancel_all()

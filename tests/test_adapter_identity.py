@@ -36,8 +36,11 @@ from tests.slurm_fixtures import (
     as_root,
     as_user,
     cluster_up,
+    host_only,
     local_runner_for,
     make_adapter,
+    matrix,
+    matrix_versions,
     request_for,
     squeue_rows,
     wait_gone_from_squeue,
@@ -48,10 +51,10 @@ MAX_JOB_ID = 20
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmEnv]:
-    env = cluster_up(min_job_age=5, max_job_id=MAX_JOB_ID)
+def cluster(slurm_version: str) -> Iterator[SlurmEnv]:
+    env = cluster_up(min_job_age=5, max_job_id=MAX_JOB_ID, version=slurm_version)
     yield env
-    cluster_up()  # slurm-up's defaults again
+    cluster_up(version=slurm_version)  # slurm-up's defaults again
 
 
 def _filler(user: str) -> int:
@@ -78,6 +81,7 @@ async def land_on(target: int, user: str,
 
 
 @pytest.mark.slurm
+@matrix
 async def test_reused_id_is_never_acted_on(cluster: SlurmEnv, jobs: Tracker) -> None:
     adapter = make_adapter(cluster, local_runner_for(cluster))
     job_id = jobs.new()
@@ -137,6 +141,62 @@ async def test_reused_id_is_never_acted_on(cluster: SlurmEnv, jobs: Tracker) -> 
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("slurm_version", [  # 24.11 is 22.05 here (no SLUID in squeue)
+    pytest.param(v, marks=pytest.mark.skip(reason="as 22.05: covered there"))
+    if v == "24.11" else v for v in matrix_versions()], indirect=True, scope="module")
+async def test_a_stale_ref_never_touches_another_users_job_on_its_reused_id(
+        cluster: SlurmEnv, jobs: Tracker) -> None:
+    """Our job ended and left; another user's held job (same name, even) took its id.
+    26.05: every write names a job by its SLUID, never reused: the low-level write with
+    the stale SLUID -- as if the identity check were skipped -- is refused by Slurm and
+    the other job is untouched. 22.05 (no SLUID): the identity check refuses each write."""
+    adapter = make_adapter(cluster, local_runner_for(cluster))
+    sluid_writes = adapter.capabilities is not None and adapter.capabilities.identity == "sluid"
+    assert sluid_writes is (cluster.series == "26.05")
+    job_id = jobs.new()
+    old = await adapter.start(request_for(job_id, ["true"]))
+    assert (old.sluid is not None) is sluid_writes
+    await wait_obs(lambda: adapter.inspect(old), lambda o: o.state is State.ENDED,
+                   what="ended")
+    await wait_gone_from_squeue(old)
+
+    async def start_theirs() -> ObjectRef:
+        out = as_user(cluster.other_user, "sbatch", "--parsable", "--hold",
+                      f"--job-name={old.uid}", "--comment=dispatch:s=1;a=0", "--wrap", "true")
+        return ObjectRef(cluster.cluster, old.uid, int(out.stdout.strip().split(";")[0]), 0)
+
+    async def cancel_theirs(ref: ObjectRef) -> None:
+        as_root("scancel", str(ref.id), check=False)
+
+    theirs = await land_on(old.id, cluster.other_user, start_theirs, cancel_theirs)
+    fields = "JobID:|,UserName:|,Name:|,State:|,Reason:|,StartTime:|,EligibleTime:|"
+
+    def their_row() -> str:
+        return as_root("squeue", "-h", "-j", str(theirs.id), "-O", fields).stdout.strip()
+
+    before = their_row()
+    assert before.startswith(f"{theirs.id}|{cluster.other_user}|{old.uid}|PENDING|")
+    try:
+        if sluid_writes:
+            assert old.sluid is not None
+            begin = old.submit + 10 * 365 * 86400
+            for operation in ("hold", "start-now", "release", "requeue", "cancel"):
+                result = await adapter._write(operation, old.sluid, uid=old.uid, begin=begin)
+                # scontrol refuses the unknown SLUID; scancel (26.05.5) exits 0 silently
+                assert operation == "cancel" or not result.ok, (operation, result)
+                assert their_row() == before, operation
+        for write in (lambda: adapter.hold(old, 7), lambda: adapter.release(old),
+                      lambda: adapter.requeue(old)):
+            with pytest.raises(ErrNotFound):
+                await write()
+        await adapter.stop(old)  # cancels nothing
+        assert their_row() == before
+    finally:
+        as_root("scancel", str(theirs.id), check=False)
+
+
+@pytest.mark.slurm
+@host_only
 @pytest.mark.parametrize("comment", [
     pytest.param("dispatch:s=01;a=0", id="leading-zero"),
     pytest.param("someone else's", id="other"),
@@ -168,6 +228,7 @@ async def test_foreign_comment_is_reported_and_never_written(
 
 
 @pytest.mark.slurm
+@matrix
 async def test_other_users_jobs_are_never_returned(adapter: SlurmAdapter, cluster: SlurmEnv,
                                                    jobs: Tracker) -> None:
     job_id = jobs.new()
@@ -197,6 +258,7 @@ async def test_other_users_jobs_are_never_returned(adapter: SlurmAdapter, cluste
 
 
 @pytest.mark.slurm
+@host_only
 async def test_sbatch_blocked_by_a_full_job_table_is_rediscovered_not_resubmitted(
         cluster: SlurmEnv, jobs: Tracker) -> None:
     """With MaxJobId=20 slurmctld holds at most 19 jobs; sbatch then sleeps and retries

@@ -23,6 +23,7 @@ from tests.slurm_fixtures import (
     as_root,
     as_user,
     make_adapter,
+    matrix,
     request_for,
     wait_obs,
 )
@@ -44,6 +45,7 @@ async def read_all(adapter: SlurmAdapter, ref: ObjectRef, stream: Any, *,
     return b"".join(chunks)
 
 
+@matrix
 async def test_requeued_job_output_in_restart_order(slurm: SlurmEnv, slurm_runner: Runner,
                                                     jobs: Tracker) -> None:
     adapter = make_adapter(slurm, slurm_runner, poll_interval=0.3)

@@ -10,10 +10,18 @@ import time
 import pytest
 
 from controller.model.obs import CauseKind, ObjectObs, ObjectRef, Source, State
-from controller.runner import Runner
 from controller.slurm.adapter import SlurmAdapter
 from tests.slurm_fixtures import *  # noqa: F403
-from tests.slurm_fixtures import SlurmEnv, Tracker, as_root, make_adapter, request_for, wait_obs
+from tests.slurm_fixtures import (
+    SlurmEnv,
+    Tracker,
+    as_root,
+    local_runner_for,
+    make_adapter,
+    matrix,
+    request_for,
+    wait_obs,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -34,9 +42,10 @@ async def accounting_of(adapter: SlurmAdapter, ref: ObjectRef, *,
         await asyncio.sleep(1)
 
 
+@matrix
 async def test_requeued_then_completed_job_is_completed_in_accounting(
-        slurm: SlurmEnv, local_runner: Runner, jobs: Tracker) -> None:
-    adapter = make_adapter(slurm, local_runner)
+        slurm: SlurmEnv, jobs: Tracker) -> None:
+    adapter = make_adapter(slurm, local_runner_for(slurm))
     ref = await adapter.start(request_for(jobs.new(), COMMAND, requeue=True))
     await wait_obs(lambda: adapter.inspect(ref), lambda o: o.state is State.RUNNING,
                    what="running", timeout=30)

@@ -49,6 +49,7 @@ from tests.slurm_fixtures import (
     local_runner_for,
     make_adapter,
     make_ssh_runner,
+    matrix,
     request_for,
     squeue_rows,
 )
@@ -156,6 +157,7 @@ class DroppingRunner:
 
 
 @pytest.mark.slurm
+@matrix
 async def test_start_reads_back(adapter: SlurmAdapter, slurm: SlurmEnv,
                                 jobs: Tracker) -> None:
     job_id = jobs.new()
@@ -169,6 +171,12 @@ async def test_start_reads_back(adapter: SlurmAdapter, slurm: SlurmEnv,
     assert parse_text_time(submit) == ref.submit
     [obs] = await adapter.find(job_id)
     assert (obs.ref, obs.submission, obs.attempt, obs.state) == (ref, 3, 2, State.GATED)
+    # the SLUID: read and recorded where squeue prints it (26.05), else unknown live
+    if slurm.series == "26.05":
+        sluid = as_root("squeue", "-h", "-j", str(ref.id), "-O", "SLUID:").stdout.strip()
+        assert ref.sluid == obs.ref.sluid == sluid and sluid.startswith("s")
+    else:
+        assert ref.sluid is None and obs.ref.sluid is None
 
 
 @pytest.mark.slurm
@@ -301,6 +309,7 @@ async def test_find_many_is_one_command_for_50_jobs(
 
 
 @pytest.mark.slurm
+@matrix
 async def test_preflight(slurm: SlurmEnv, adapter: SlurmAdapter) -> None:
     config = {}
     for line in as_root("scontrol", "show", "config").stdout.splitlines():
@@ -322,6 +331,11 @@ async def test_preflight(slurm: SlurmEnv, adapter: SlurmAdapter) -> None:
                                       if "MaxBatchRequeue" in config else None)
     assert caps.whoami and caps.output_dir_writable and caps.cluster_name == slurm.cluster
     assert caps.warnings == ()
+    # which identity the cluster supports, probed (squeue/sacct -O SLUID accepted or not)
+    assert (caps.identity, caps.squeue_sluid, caps.sacct_sluid) == {
+        "22.05": ("id+name+submit", False, False),
+        "24.11": ("sluid-accounting", False, True),
+        "26.05": ("sluid", True, True)}[slurm.series]
 
 
 @pytest.mark.slurm

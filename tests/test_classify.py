@@ -723,7 +723,10 @@ def obs_document(obs: ObjectObs) -> dict[str, Any]:
         if isinstance(value, list | tuple):
             return [plain(item) for item in value]
         return value.value if isinstance(value, State | CauseKind | Provenance | Source) else value
-    return plain(dataclasses.asdict(obs))  # type: ignore[no-any-return]
+    document: dict[str, Any] = plain(dataclasses.asdict(obs))
+    if document["ref"]["sluid"] is None:  # none of these captures asked for the SLUID
+        del document["ref"]["sluid"]
+    return document
 
 
 def observe_all(kind: str, text: str, now: int) -> list[dict[str, Any]]:

@@ -265,3 +265,36 @@ def test_late_object_of_abandoned_intent_is_cancelled_during_backoff() -> None:
     assert [(a.ref.id, a.cause) for a in p.actions if isinstance(a, Cancel)] == [
         (300, CauseKind.DUPLICATE)]
     assert p.status.current is None
+
+
+# a CANCELLED read live does not say who cancelled: the accounting record decides
+
+
+def test_live_cancel_waits_for_the_accounting_record() -> None:
+    live = obs(State.ENDED, CauseKind.CANCELLED, provenance=Provenance.USER, end=NOW - 5,
+               start=NOW - 30)
+    first = plan(running_job(object_state=State.RUNNING), Observed(live=(live,)), CTX)
+    assert first.status.phase == Phase.PENDING and first.actions == ()  # not ended yet
+    assert first.recheck_at == NOW - 5 + CTX.unknown_grace_s
+    # sacct names no requester: Slurm killed it itself ("Duplicate jobid"): lost
+    slurms = obs(State.ENDED, CauseKind.CANCELLED, provenance=Provenance.SLURM, end=NOW - 5,
+                 start=NOW - 30, source=Source.ACCOUNTING)
+    p = plan(first.status, Observed(live=(live,), accounting=slurms), CTX)
+    assert (p.status.phase, p.status.cause.kind) == (Phase.PENDING, CauseKind.LOST)
+    # sacct names a user: a user's cancel, never resubmitted
+    users = replace(slurms, cause=Cause(CauseKind.CANCELLED, Provenance.USER, "by 1001"))
+    p = plan(first.status, Observed(live=(live,), accounting=users), CTX)
+    assert p.status.phase == Phase.CANCELLED
+
+
+def test_live_cancel_without_accounting_ends_cancelled_after_the_grace() -> None:
+    live = obs(State.ENDED, CauseKind.CANCELLED, provenance=Provenance.USER,
+               end=NOW - CTX.unknown_grace_s - 1)
+    p = plan(running_job(), Observed(live=(live,), accounting_ok=False), CTX)
+    assert p.status.phase == Phase.CANCELLED
+
+
+def test_our_own_cancel_ends_at_once() -> None:
+    live = obs(State.ENDED, CauseKind.CANCELLED, provenance=Provenance.USER, end=NOW - 1)
+    p = plan(running_job(desired=Desired.STOPPED), Observed(live=(live,)), CTX)
+    assert p.status.phase == Phase.CANCELLED

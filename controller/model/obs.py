@@ -100,12 +100,19 @@ class Cause:
 
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
-    """One Slurm job that belongs to a dispatch job. ``submit`` is the identity anchor."""
+    """One Slurm job that belongs to a dispatch job. ``submit`` is the identity anchor.
+
+    ``sluid``: Slurm's unique job id (``sE0HM8R59HN500``; never reused), when the cluster
+    reports one (26.05 in squeue and sacct, 24.11 in sacct only). It is extra knowledge,
+    not part of the ref's equality: a ref read before the SLUID was known names the
+    same object as one read after.
+    """
 
     cluster: str
     uid: str  # the discovery name, dj-<ULID>
     id: int  # Slurm job id
     submit: int  # submit time, epoch seconds
+    sluid: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

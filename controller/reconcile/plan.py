@@ -421,16 +421,28 @@ def _adopt(b: _Builder, ours: Sequence[ObjectObs]) -> None:
                                f"{obs.submission}) before submitting again")
 
 
+def cancel_needs_accounting(obs: ObjectObs) -> bool:
+    """squeue cannot say who cancelled a job: a CANCELLED read live may be a user's cancel,
+    or Slurm's own ("Duplicate jobid" after slurmctld lost its state, a kill by uid 0).
+    The accounting record names the requester; the tick reads it for such objects."""
+    return (obs.source == Source.LIVE and obs.state == State.ENDED
+            and obs.cause.kind == CauseKind.CANCELLED
+            and obs.cause.provenance != Provenance.SLURM)
+
+
 def _current_observation(b: _Builder, ours: Sequence[ObjectObs],
                          observed: Observed) -> ObjectObs | None:
     cur = b.job.current
     if cur is None or cur.ref is None:
         return None
     ref = cur.ref
+    acct = observed.accounting
     for obs in ours:
         if same_object(ref, obs):
+            if (cancel_needs_accounting(obs) and acct is not None
+                    and same_object(ref, acct) and acct.state == State.ENDED):
+                return acct  # it names who cancelled
             return obs
-    acct = observed.accounting
     if acct is not None and same_object(ref, acct) and acct.submission in (
             None, cur.submission):
         return acct
@@ -487,6 +499,18 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
         if job.desired == Desired.STOPPED:  # never counted as ended: stop still cancels
             b.actions.append(Cancel(job.job_id, ref, CauseKind.CANCELLED))
         return
+    if cancel_needs_accounting(obs) and job.desired != Desired.STOPPED \
+            and obs.end is not None:
+        # cancelled, but not by us: by a user, or by Slurm itself? Wait (up to the unknown
+        # grace) for the accounting record, which names the requester
+        grace = job.policy.unknown_grace_s if job.policy.unknown_grace_s is not None \
+            else b.ctx.unknown_grace_s
+        if b.ctx.now < obs.end + grace:
+            b.condition("Observed", False, "AwaitingAccounting",
+                        "cancelled, not by dispatch: waiting for the accounting record "
+                        "to tell a user's cancel from Slurm's own")
+            b.at(obs.end + grace)
+            return
     if obs.state == State.ENDED:
         _ended(b, obs)
         return

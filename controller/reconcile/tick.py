@@ -88,6 +88,7 @@ from controller.reconcile.plan import (
     Release,
     Submit,
     VerifyOutputs,
+    cancel_needs_accounting,
     orphans,
     plan,
     same_object,
@@ -463,7 +464,9 @@ class Reconciler:
                     ref = refs.get(item.job_id)
                 if ref is None:
                     continue
-                if not any(same_object(ref, o) for o in item.seen):
+                if not any(same_object(ref, o) and not cancel_needs_accounting(o)
+                           for o in item.seen):
+                    # not in squeue, or cancelled there by someone sacct will name
                     item.needs_accounting = True
                     missing.append(ref)
         if not missing:

@@ -10,7 +10,12 @@ owns three things nothing else may do:
   from slurmctld *now* with a single-id ``squeue -j <id>`` (slurmctld's cheap
   ``slurm_load_job`` path) and the write goes ahead only when the id, the exact name and
   the submit time (equal, or later when the restart count is above zero) agree, the job
-  belongs to our user and its comment is ours. Anything else acts on nothing;
+  belongs to our user and its comment is ours. Anything else acts on nothing. Where the
+  cluster's writes take a SLUID (26.05: Preflight's ``identity == "sluid"``) the write
+  then names the job by it (``_write``), not by the reusable numeric id, and a ref that
+  recorded a SLUID must match it: a stale ref can touch no other job even if the check
+  above were wrong. 24.11 records the SLUID in sacct only (read, never written by);
+  22.05 has none;
 * **error mapping**: Slurm's messages become ``controller.errors`` here, once, in
   ``slurm_failure``; no other module matches Slurm's text.
 
@@ -136,6 +141,7 @@ START_BATCH_BYTES: Final = 1024 * 1024
 _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
 _PARSABLE = re.compile(r"([0-9]+)(?:;(\S+))?")
 _VERSION = re.compile(r"(?:slurm(?:-wlm)?\s+)?([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
+_SLUID = re.compile(r"s[0-9A-Z]{10,30}")  # as dialects reads it
 
 # find_many's memory of one squeue row: (its job id, its observation or None for another
 # user's job, the second it was classified, the second from which it may no longer hold).
@@ -182,10 +188,34 @@ class Capabilities:
     warnings: tuple[str, ...] = ()
     slurm_user_uid: int | None = None  # SlurmUser's uid: its cancels are Slurm's own
     missing_commands: tuple[str, ...] = ()  # Slurm commands the host does not have
+    # How a job is told apart from a later one with the same id (IDENTITY_*): "sluid"
+    # (26.05+: squeue prints the SLUID and scancel/scontrol take it: every write names
+    # the job by it), "sluid-accounting" (24.11: sacct records it, 25.11: squeue too; read
+    # and recorded, never written by), "id+name+submit" (22.05: SPEC §2's check only).
+    identity: str = "id+name+submit"
+    squeue_sluid: bool = False  # ``squeue -O SLUID`` accepted (probed)
+    sacct_sluid: bool = False  # ``sacct -o SLUID`` accepted (probed)
 
     @property
     def version(self) -> tuple[int, int, int]:
         return parse_slurm_version(self.slurm_version)
+
+
+IDENTITY_SLUID: Final = "sluid"
+IDENTITY_SLUID_ACCOUNTING: Final = "sluid-accounting"
+IDENTITY_CLASSIC: Final = "id+name+submit"
+# scancel and scontrol take a SLUID from 26.05 (Slurm's changelog; tried on 26.05.5).
+SLUID_WRITES_SINCE: Final = (26, 5)
+
+
+def identity_for(version: tuple[int, int, int], *, squeue_sluid: bool,
+                 sacct_sluid: bool) -> str:
+    """The identity a cluster supports, from what Preflight probed (module docstring)."""
+    if squeue_sluid and version[:2] >= SLUID_WRITES_SINCE:
+        return IDENTITY_SLUID
+    if squeue_sluid or sacct_sluid:
+        return IDENTITY_SLUID_ACCOUNTING
+    return IDENTITY_CLASSIC
 
 
 # The commands the daemon runs on the Slurm host (sinfo and scontrol are checked by running
@@ -395,6 +425,10 @@ def pick_record(ref: ObjectRef, records: Sequence[SlurmJob], *, user: str,
         key=lambda rec: rec.submit_time or 0)
     if not candidates or candidates[0].submit_time != ref.submit:
         return None
+    first = candidates[0]
+    if ref.sluid is not None and first.sluid is not None and first.sluid != ref.sluid:
+        return None  # the same id, name and submit second, but another job
+    # (each requeue gives the job a new SLUID: the chain's later records have their own)
     chain = [candidates[0]]
     submission = naming.parse_comment(candidates[0].comment)
     for rec in candidates[1:]:
@@ -476,7 +510,8 @@ class _Outcome:
         return _Outcome(CommandResult(("/bin/sh", "-s"), -1, "", "", 0.0), {}, error)
 
 
-def batch_script(scripts: Sequence[str]) -> str:
+def batch_script(scripts: Sequence[str],
+                 squeue_format: str = dialects.SQUEUE_TEXT_FORMAT) -> str:
     """One sh script that runs each Start script unchanged as a function in its own
     subshell, one after another, then reads every new job back with one squeue.
 
@@ -499,13 +534,14 @@ def batch_script(scripts: Sequence[str]) -> str:
         'if [ -n "$ids" ]; then\n'
         f" printf '{_READBACK}\\n'; printf '{_READBACK}\\n' >&2\n"
         ' squeue -h --me -j "${ids#,}" --states=all -O '
-        f"{shlex.quote(dialects.SQUEUE_TEXT_FORMAT)} || true\n"
+        f"{shlex.quote(squeue_format)} || true\n"
         "fi\n")
     return "".join(parts)
 
 
-def parse_batch_output(result: CommandResult, count: int, *,
-                       user: str) -> list[_Outcome]:
+def parse_batch_output(result: CommandResult, count: int, *, user: str,
+                       columns: tuple[str, ...] = dialects.SQUEUE_TEXT_COLUMNS,
+                       ) -> list[_Outcome]:
     """Each script's outcome from a ``batch_script`` run; a script with no section of its
     own (the shell died, the connection dropped) has an unknown outcome."""
     stdout: dict[int, tuple[int, list[str]]] = {}
@@ -532,7 +568,7 @@ def parse_batch_output(result: CommandResult, count: int, *,
     readback: dict[int, SlurmJob] = {}
     for line in our_rows("\n".join(rows)):
         try:
-            jobs = dialects.parse_squeue_text(line + "\n")
+            jobs = dialects.parse_squeue_text(line + "\n", columns=columns)
         except ProtocolError:
             continue  # Start reads that job again on its own, and reports the error
         readback.update((job.job_id, job) for job in jobs if job.user == user)
@@ -628,20 +664,86 @@ class SlurmAdapter:
         if self._write_guard is not None:
             self._write_guard()
 
+    # ------------------------------------------------------------ SLUID (capabilities)
+    # Only what a successful Preflight found counts: without it, nothing asks for the
+    # SLUID (squeue on 24.11/22.05 answers an unknown field with an error and NO rows,
+    # exit status 0) and every write names the numeric id.
+
+    # Each read takes the columns once, before its command runs, and parses with those:
+    # a Preflight that finishes meanwhile changes the next read, never this one.
+
+    def _squeue_columns(self) -> tuple[str, ...]:
+        caps = self.capabilities
+        if caps is not None and caps.squeue_sluid:
+            return dialects.SQUEUE_TEXT_COLUMNS_SLUID
+        return dialects.SQUEUE_TEXT_COLUMNS
+
+    def _sacct_columns(self) -> tuple[str, ...]:
+        caps = self.capabilities
+        if caps is not None and caps.sacct_sluid:
+            return dialects.SACCT_TEXT_COLUMNS_SLUID
+        return dialects.SACCT_TEXT_COLUMNS
+
+    def _target(self, ref: ObjectRef, job: SlurmJob) -> str:
+        """What a write names the identity-checked ``job`` (``ref``'s object) by: its
+        SLUID as just read where the cluster's writes take one (the live one: each requeue
+        gives the job a new SLUID, so a ref's may be an earlier run's), else its numeric
+        id. Requeued between the read and the write, the job is not found: nothing done."""
+        caps = self.capabilities
+        if caps is not None and caps.identity == IDENTITY_SLUID and job.sluid is not None:
+            return job.sluid
+        return str(ref.id)
+
+    async def _write(self, operation: str, target: str, *, uid: str,
+                     begin: int | None = None) -> CommandResult:
+        """The one place a command that changes a job runs (after the write guard).
+        ``target`` is a SLUID or a numeric id; ``operation`` one of ``cancel``,
+        ``hold`` (``StartTime=<begin>``), ``start-now``, ``release``, ``requeue``.
+        Callers pass only a target that passed the identity check; a SLUID names
+        one job forever, so even a stale one can touch no other job."""
+        sluid = _SLUID.fullmatch(target) is not None
+        if not sluid and not target.isdigit():
+            raise ErrInvalid(f"not a job id or SLUID: {target!r:.40}", field="target")
+        match operation:
+            case "cancel":
+                # with a SLUID, scancel --name cancels nothing on 26.05 (tried): the
+                # name filter is the numeric id's belt only
+                argv = ["scancel", target] if sluid else ["scancel", f"--name={uid}", target]
+            case "hold":
+                if begin is None:
+                    raise ErrInvalid("hold needs a begin time", field="begin")
+                argv = ["scontrol", "update", f"JobId={target}", f"StartTime={utc_text(begin)}"]
+            case "start-now":
+                argv = ["scontrol", "update", f"JobId={target}", "StartTime=now"]
+            case "release" | "requeue":
+                argv = ["scontrol", operation, target]
+            case _:
+                raise ErrInvalid(f"unknown write {operation!r}", field="operation")
+        self._guard_write()
+        return await self._run(argv)
+
+    async def _checked_write(self, operation: str, target: str, *, uid: str,
+                             begin: int | None = None, what: str) -> CommandResult:
+        result = await self._write(operation, target, uid=uid, begin=begin)
+        if not result.ok:
+            raise slurm_failure(result, operation=what)
+        return result
+
     # ------------------------------------------------------------ live reads
 
     async def _read_job(self, job_id: int) -> SlurmJob | None:
         """The job with this id as slurmctld holds it now, when it has a name of ours;
         None when slurmctld does not know the id or the job there is not named ``dj-…``."""
+        columns = self._squeue_columns()
         result = await self._run(["squeue", "-h", "-j", str(job_id), "--states=all",
-                                  "-O", dialects.SQUEUE_TEXT_FORMAT])
+                                  "-O", _squeue_format(columns)])
         if not result.ok:
             error = slurm_failure(result, operation=f"squeue -j {job_id}")
             if isinstance(error, ErrNotFound):
                 return None
             raise error
         for line in our_rows(result.stdout):
-            for job in dialects.parse_squeue_text(line + "\n"):
+            for job in dialects.parse_squeue_text(line + "\n", columns=columns):
                 if job.job_id == job_id:
                     return job
         return None
@@ -653,11 +755,12 @@ class SlurmAdapter:
         argv = ["squeue", "-h", "--me", "--states=all"]
         if name_filter is not None:
             argv.append(f"--name={name_filter}")
-        argv += ["-O", dialects.SQUEUE_TEXT_FORMAT]
+        columns = self._squeue_columns()
+        argv += ["-O", _squeue_format(columns)]
         result = await self._checked_run(argv, "squeue --me")
         jobs: list[SlurmJob] = []
         for line in our_rows(result.stdout, names=names):
-            jobs.extend(job for job in dialects.parse_squeue_text(line + "\n")
+            jobs.extend(job for job in dialects.parse_squeue_text(line + "\n", columns=columns)
                         if job.user == self.user)
         return jobs
 
@@ -668,7 +771,9 @@ class SlurmAdapter:
         if job.user != self.user or job.submit_time is None:
             return False
         if job.submit_time == ref.submit:
-            return True
+            # a SLUID is never reused: a different one is another job, whatever else
+            # matches (a requeue gives the job a new SLUID and a new submit time: below)
+            return ref.sluid is None or job.sluid is None or ref.sluid == job.sluid
         return (job.restart_count or 0) > 0 and job.submit_time >= ref.submit
 
     async def _identified(self, ref: ObjectRef, operation: str) -> SlurmJob:
@@ -698,7 +803,7 @@ class SlurmAdapter:
         if job.submit_time is None:
             raise ProtocolError(f"job {job.job_id} has no submit time")
         return ObjectRef(cluster=self.cluster, uid=job.name, id=job.job_id,
-                         submit=job.submit_time)
+                         submit=job.submit_time, sluid=job.sluid)
 
     # ------------------------------------------------------------ accounting reads
 
@@ -708,12 +813,13 @@ class SlurmAdapter:
     async def _sacct(self, selection: Sequence[str], *, since: int) -> list[SlurmJob]:
         """sacct text records (allocations, every record of a reused id) of our rows."""
         start = min(since, self._now())
+        columns = self._sacct_columns()
         result = await self._checked_run(
-            ["sacct", "-X", "-D", "-P", "-n", "-o", dialects.SACCT_TEXT_FIELDS,
+            ["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(columns),
              "-S", utc_text(start), *selection], "sacct")
         jobs: list[SlurmJob] = []
         for line in our_rows(result.stdout):
-            jobs.extend(job for job in dialects.parse_sacct_text(line + "\n")
+            jobs.extend(job for job in dialects.parse_sacct_text(line + "\n", columns=columns)
                         if job.user == self.user)
         return jobs
 
@@ -807,7 +913,8 @@ class SlurmAdapter:
 
     async def _flush(self, batch: list[_Queued]) -> None:
         try:
-            text = batch_script([item.text for item in batch])
+            columns = self._squeue_columns()
+            text = batch_script([item.text for item in batch], _squeue_format(columns))
             timeout = self._timeout + 2.0 * (len(batch) - 1)
             self._guard_write()  # the batch may have waited: the last moment to refuse
             try:
@@ -815,7 +922,8 @@ class SlurmAdapter:
             except TransientError as exc:
                 outcomes = [_Outcome.unknown(exc)] * len(batch)
             else:
-                outcomes = parse_batch_output(result, len(batch), user=self.user)
+                outcomes = parse_batch_output(result, len(batch), user=self.user,
+                                              columns=columns)
             for item, outcome in zip(batch, outcomes, strict=True):
                 if not item.future.done():
                     item.future.set_result(outcome)
@@ -917,7 +1025,8 @@ class SlurmAdapter:
         that was still ahead. A row that fails to parse raises as before and nothing is
         remembered of that read.
         """
-        argv = ["squeue", "-h", "--me", "--states=all", "-O", dialects.SQUEUE_TEXT_FORMAT]
+        columns = self._squeue_columns()
+        argv = ["squeue", "-h", "--me", "--states=all", "-O", _squeue_format(columns)]
         result = await self._checked_run(argv, "squeue --me")
         now = self._now()
         before = self._live_rows.get
@@ -931,7 +1040,7 @@ class SlurmAdapter:
                     continue
                 if strays is None and match.group(2)[len(naming.NAME_PREFIX):] not in found:
                     continue
-                memo = self._classify_row(line, now)
+                memo = self._classify_row(line, now, columns)
             remembered[line] = memo
             obs = memo[1]
             if obs is not None:
@@ -942,13 +1051,14 @@ class SlurmAdapter:
                     strays.setdefault(memo[0], []).append(obs)
         self._live_rows = remembered
 
-    def _classify_row(self, line: str, now: int) -> _RowMemo:
+    def _classify_row(self, line: str, now: int,
+                      columns: tuple[str, ...] = dialects.SQUEUE_TEXT_COLUMNS) -> _RowMemo:
         """One squeue row of ours: its job id, its observation (None: another user's job),
         the second it was made, and the second from which it may no longer hold."""
         name = ""
         obs = None
         until = _FOREVER
-        for job in dialects.parse_squeue_text(line + "\n"):
+        for job in dialects.parse_squeue_text(line + "\n", columns=columns):
             if job.user != self.user:
                 continue
             name = job.name[len(naming.NAME_PREFIX):]
@@ -1039,20 +1149,22 @@ class SlurmAdapter:
             return
         if self._observe(job).state is State.ENDED:
             return
-        self._guard_write()
-        await self._checked_run(["scancel", f"--name={ref.uid}", str(ref.id)], "scancel")
-        deadline = self._clock() + self._stop_confirm_s
+        await self._checked_write("cancel", self._target(ref, job), uid=ref.uid,
+                                  what="scancel")
+        # bounded by the time slept, not by the clock: an injected clock may stand still
+        waited = 0.0
         delay = 0.2
         while True:
             job_now = await self._read_job(ref.id)
             if job_now is None or not self._same_object(ref, job_now) or _ending(
                     self._observe(job_now), job_now):
                 return
-            if self._clock() >= deadline:
+            if waited >= self._stop_confirm_s:
                 raise TransientError(f"stop: job {ref.id} ({ref.uid}) is still "
                                      f"{job_now.state_text} {self._stop_confirm_s:g}s after "
                                      "scancel", retry_after=self._stop_confirm_s)
             await self._sleep(delay)
+            waited += delay
             delay = min(delay * 2, 2.0)
 
     async def hold(self, ref: ObjectRef, instance: int) -> None:
@@ -1070,9 +1182,8 @@ class SlurmAdapter:
         if job.submit_time is None:
             raise ProtocolError(f"hold: job {ref.id} has no submit time")
         begin = holds.encode_hold(job.submit_time, instance)
-        self._guard_write()
-        await self._checked_run(["scontrol", "update", f"JobId={ref.id}",
-                                 f"StartTime={utc_text(begin)}"], "scontrol update StartTime")
+        await self._checked_write("hold", self._target(ref, job), uid=ref.uid, begin=begin,
+                                  what="scontrol update StartTime")
         after = await self._identified(ref, "hold")
         got = self._observe(after).hold_instance
         if got != instance:
@@ -1088,25 +1199,23 @@ class SlurmAdapter:
         obs = self._observe(job)
         if obs.state not in _NOT_STARTED:
             return
+        target = self._target(ref, job)
         if obs.hold_instance is not None:
-            self._guard_write()
-            result = await self._run(["scontrol", "update", f"JobId={ref.id}",
-                                      "StartTime=now"])
+            result = await self._write("start-now", target, uid=ref.uid)
             if not result.ok:
                 error = slurm_failure(result, operation="scontrol update StartTime=now")
                 if isinstance(error, ErrConflict):
                     return  # it started meanwhile: released
                 raise error
         if job.reason == "JobHeldUser" and (job.restart_count or 0) == 0:
-            self._guard_write()
-            await self._checked_run(["scontrol", "release", str(ref.id)], "scontrol release")
+            await self._checked_write("release", target, uid=ref.uid, what="scontrol release")
 
     async def requeue(self, ref: ObjectRef) -> None:
         """``scontrol requeue`` of ``ref``'s object. ErrConflict when it is pending;
         ErrUnsupported when requeue is disabled for it (``--no-requeue``)."""
-        await self._identified(ref, "requeue")
-        self._guard_write()
-        await self._checked_run(["scontrol", "requeue", str(ref.id)], "scontrol requeue")
+        job = await self._identified(ref, "requeue")
+        await self._checked_write("requeue", self._target(ref, job), uid=ref.uid,
+                                  what="scontrol requeue")
 
     # ------------------------------------------------------------ Output
 
@@ -1298,8 +1407,12 @@ class SlurmAdapter:
     # ------------------------------------------------------------ Preflight
 
     async def preflight(self) -> Capabilities:
-        """Probe the cluster: version, configuration, accounting, ``squeue --me``, and
-        whether ``output.dir`` is writable. Also becomes ``self.capabilities``."""
+        """Probe the cluster: version, configuration, accounting, ``squeue --me``, whether
+        ``output.dir`` is writable, and which identity it supports (``squeue -O SLUID``
+        and ``sacct -o SLUID`` accepted or refused: ``identity_for``). Also becomes
+        ``self.capabilities`` (only when every probe answered; a failure raises and keeps
+        the last). A transient sacct failure (slurmdbd down) keeps what the last
+        Preflight found about accounting: it never turns accounting off."""
         warnings: list[str] = []
         out_dir = script.check_output_dir(self._settings.output_dir)
         probe = (f"D={script.shell_path(out_dir)}\n"
@@ -1307,11 +1420,14 @@ class SlurmAdapter:
                  " || echo \"missing $c\"; done\n"
                  'mkdir -p -- "$D" && P="$D/.dispatch-preflight.$$" && '
                  "printf 'probe\\n' >\"$P\" && rm -f -- \"$P\"\n")
-        version_res, config_res, whoami_res, dir_res = await asyncio.gather(
+        version_res, config_res, whoami_res, dir_res, sluid_res = await asyncio.gather(
             self._checked_run(["sinfo", "--version"], "sinfo --version"),
             self._checked_run(["scontrol", "show", "config"], "scontrol show config"),
             self._run(["squeue", "--me", "-h", "-o", "%i"]),
-            self._runner.run_script(probe, timeout=self._timeout))
+            self._runner.run_script(probe, timeout=self._timeout),
+            # 24.11 and 22.05 refuse the field with a message on stderr, exit status 0
+            self._run(["squeue", "--me", "-h", "-O", "JobID:|,SLUID:|"]))
+        squeue_sluid = sluid_res.ok and "invalid" not in sluid_res.stderr.lower()
         version = parse_slurm_version(version_res.stdout)
         slurm_version = f"{version[0]}.{version[1]:02d}.{version[2]}"
         if not SUPPORTED_MIN <= version[:2] <= SUPPORTED_MAX:
@@ -1320,13 +1436,31 @@ class SlurmAdapter:
         storage = _config_value(config, "AccountingStorageType") or ""
         flags = (_config_value(config, "AccountingStoreFlags") or "").split(",")
         accounting = False
+        sacct_sluid = False
         if storage.endswith("slurmdbd"):
-            probe_res = await self._run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw",
-                                         "-S", utc_text(self._now() - 3600)])
+            since = utc_text(self._now() - 3600)
+            probe_res = await self._run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,SLUID",
+                                         "-S", since])
+            sacct_sluid = probe_res.ok
+            if not probe_res.ok and "invalid field" in probe_res.stderr.lower():
+                probe_res = await self._run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw",
+                                             "-S", since])  # before 24.11: no SLUID
             accounting = probe_res.ok
             if not accounting:
-                warnings.append("sacct does not answer: jobs that leave squeue cannot be "
-                                f"observed ({' '.join(probe_res.stderr.split())[:200]})")
+                failure = slurm_failure(probe_res, operation="sacct")
+                before = self.capabilities
+                if isinstance(failure, TransientError):
+                    # slurmdbd down for now: what the last Preflight found still holds
+                    # (never turn accounting off on a transient failure)
+                    accounting = before.accounting_history if before is not None else True
+                    sacct_sluid = before.sacct_sluid if before is not None else False
+                    warnings.append("sacct does not answer for now (kept accounting "
+                                    f"{'on' if accounting else 'off'}): "
+                                    f"{' '.join(probe_res.stderr.split())[:200]}")
+                else:
+                    warnings.append("sacct does not answer: jobs that leave squeue cannot "
+                                    "be observed "
+                                    f"({' '.join(probe_res.stderr.split())[:200]})")
         else:
             warnings.append(f"no accounting ({storage or 'none'}): a job that leaves squeue "
                             "after MinJobAge cannot be observed")
@@ -1371,6 +1505,10 @@ class SlurmAdapter:
             warnings=tuple(warnings),
             slurm_user_uid=int(slurm_user.group(1)) if slurm_user else None,
             missing_commands=missing,
+            identity=identity_for(version, squeue_sluid=squeue_sluid,
+                                  sacct_sluid=sacct_sluid),
+            squeue_sluid=squeue_sluid,
+            sacct_sluid=sacct_sluid,
         )
         self.capabilities = capabilities
         return capabilities
@@ -1380,6 +1518,11 @@ class SlurmAdapter:
         (``preflight_problems``): the shape ``daemon.service`` calls at start and on
         gaining leadership."""
         return preflight_problems(await self.preflight())
+
+
+def _squeue_format(columns: tuple[str, ...]) -> str:
+    """The ``squeue -O`` argument of these columns (width 0, ``|`` after each)."""
+    return ",".join(f"{column}:|" for column in columns)
 
 
 def _ending(obs: ObjectObs, job: SlurmJob) -> bool:

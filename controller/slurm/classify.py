@@ -279,7 +279,7 @@ def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
     start = None if state in _NOT_STARTED or _ahead(job.start_time, now) else job.start_time
     return ObjectObs(
         ref=ObjectRef(cluster=job.cluster if cluster is None else cluster, uid=job.name,
-                      id=job.job_id, submit=job.submit_time or 0),
+                      id=job.job_id, submit=job.submit_time or 0, sluid=job.sluid),
         state=state,
         cause=_cause(rule, rule.detail(facts)),
         submission=submission,

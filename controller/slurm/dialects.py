@@ -80,6 +80,12 @@ SQUEUE_TEXT_COLUMNS: Final = (
 # The argument of ``squeue -h --states=all -O``: width 0 (":") prints each field whole,
 # and "|" is its suffix, so every row ends with "|".
 SQUEUE_TEXT_FORMAT: Final = ",".join(f"{column}:|" for column in SQUEUE_TEXT_COLUMNS)
+# With Slurm's unique job id, where squeue has it (25.11+; 24.11 and 22.05 refuse the
+# field -- squeue prints an error and NO rows but exits 0 -- so ask only after Preflight
+# found it). Still Comment last.
+SQUEUE_TEXT_COLUMNS_SLUID: Final = (*SQUEUE_TEXT_COLUMNS[:-1], "SLUID", "Comment")
+SQUEUE_TEXT_FORMAT_SLUID: Final = ",".join(f"{column}:|"
+                                           for column in SQUEUE_TEXT_COLUMNS_SLUID)
 
 SACCT_TEXT_COLUMNS: Final = (
     "JobIDRaw", "JobName", "User", "UID", "State", "Reason", "Submit", "Eligible", "Start",
@@ -87,6 +93,9 @@ SACCT_TEXT_COLUMNS: Final = (
 )
 # The argument of ``sacct -P -n -D -o`` (parsable: '|' between fields, none at the end).
 SACCT_TEXT_FIELDS: Final = ",".join(SACCT_TEXT_COLUMNS)
+# With the SLUID, where sacct has it (24.11+; 22.05 refuses the field).
+SACCT_TEXT_COLUMNS_SLUID: Final = (*SACCT_TEXT_COLUMNS[:-1], "SLUID", "Comment")
+SACCT_TEXT_FIELDS_SLUID: Final = ",".join(SACCT_TEXT_COLUMNS_SLUID)
 
 # --------------------------------------------------------------------------------------
 # JSON dialects
@@ -679,6 +688,20 @@ _SQUEUE_REQUIRED: Final = frozenset({
 })
 
 
+_SLUID_RE: Final = re.compile(r"s[0-9A-Z]{10,30}")
+
+
+def _text_sluid(text: str, path: str) -> str | None:
+    """A SLUID (``sE0HM8R59HN500``); None when empty/unset. Anything else is refused:
+    writes address the job by it."""
+    text = text.strip()
+    if text in ("", "(null)", "N/A", "0"):
+        return None
+    if _SLUID_RE.fullmatch(text) is None:
+        raise ProtocolError(f"{path}: not a SLUID: {text!r:.80}")
+    return text
+
+
 def parse_squeue_text(text: str, *,
                       columns: tuple[str, ...] = SQUEUE_TEXT_COLUMNS) -> list[SlurmJob]:
     """Records of ``squeue -h --states=all -O <SQUEUE_TEXT_FORMAT>`` output, in order.
@@ -689,7 +712,7 @@ def parse_squeue_text(text: str, *,
     prints the state description when one is set; known descriptions give back their
     reason. StateCompact, when present, must agree with State (a shifted column fails).
     """
-    _check_columns(columns, _SQUEUE_REQUIRED, SQUEUE_TEXT_COLUMNS, "squeue")
+    _check_columns(columns, _SQUEUE_REQUIRED, SQUEUE_TEXT_COLUMNS_SLUID, "squeue")
     jobs: list[SlurmJob] = []
     for number, row in _text_rows(text, columns, trailing_separator=True, command="squeue"):
         where = f"squeue line {number}"
@@ -724,6 +747,7 @@ def parse_squeue_text(text: str, *,
             requeue=_text_bool(row.get("Requeue", ""), f"{where} Requeue"),
             cluster=_text_cluster(row.get("Cluster", "")),
             state_text=state_text,
+            sluid=_text_sluid(row.get("SLUID", ""), f"{where} SLUID"),
         ))
     return jobs
 
@@ -742,7 +766,7 @@ def parse_sacct_text(text: str, *,
     ``kill_request_user``: the job's user when the uid is the job's UID, else
     ``uid=<uid>`` (which never equals a user name). ``ExitCode`` ``3:0`` is return code 3.
     """
-    _check_columns(columns, _SACCT_REQUIRED, (*SACCT_TEXT_COLUMNS, "JobID"), "sacct")
+    _check_columns(columns, _SACCT_REQUIRED, (*SACCT_TEXT_COLUMNS_SLUID, "JobID"), "sacct")
     id_column = "JobIDRaw" if "JobIDRaw" in columns else "JobID"
     if id_column not in columns:
         raise ProtocolError(f"sacct columns {columns!r}: no JobIDRaw")
@@ -791,5 +815,6 @@ def parse_sacct_text(text: str, *,
             kill_request_user=kill_request_user,
             requester_recorded="UID" in row,
             state_text=row["State"],
+            sluid=_text_sluid(row.get("SLUID", ""), f"{where} SLUID"),
         ))
     return jobs

@@ -41,3 +41,4 @@ class SlurmJob:
     # did (Slurm ended the job by itself, e.g. the flush after slurmctld lost its state)
     requester_recorded: bool = False
     state_text: str = ""  # the raw state as printed, for details
+    sluid: str | None = None  # Slurm's unique job id, when the read asked for it

@@ -87,6 +87,8 @@ class JobStatus(Base):
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     version: Mapped[int] = mapped_column(BigInteger, server_default="0")  # as Job.version
+    # the current object's SLUID, where the cluster reports one (migration 0004)
+    sluid: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Submission(Base):
@@ -115,6 +117,8 @@ class Submission(Base):
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # the lease epoch of the leader that wrote the intent (migration 0003)
     epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the object's SLUID, where the cluster reports one (migration 0004)
+    sluid: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Event(Base):
