@@ -39,6 +39,7 @@ from controller.errors import ErrInvalid
 from controller.model.setting import MASK, Setting, redact_url, setting, setting_of
 from controller.model.spec import Placement, check_env_name
 from controller.reconcile.settings import ReconcileConfig
+from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S
 from controller.slurm.script import (
     DEFAULT_OUTPUT_DIR,
     DEFAULT_PASS,
@@ -125,7 +126,7 @@ class TransportConfig:
                   "checked)")
     run_as: str | None = setting(None, doc="local: run Slurm commands as this user "
                                            "(runuser -u)", check=_USER)
-    command_timeout_s: float = setting(30.0, unit="s", positive=True,
+    command_timeout_s: float = setting(DEFAULT_COMMAND_TIMEOUT_S, unit="s", positive=True,
                                        doc="every Slurm command is killed after this")
 
     def validate(self) -> None:

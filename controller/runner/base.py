@@ -21,6 +21,10 @@ from controller.errors import CommandFailed, ErrInvalid
 
 log = logging.getLogger(__name__)
 
+# every Slurm command is killed after this; the one definition of the default of
+# ``transport.command_timeout_s`` (controller.config), used by the runners and the adapter
+DEFAULT_COMMAND_TIMEOUT_S = 30.0
+
 Observer = Callable[[str, float, bool], None]
 """Called once per command with (argv[0] basename, duration in seconds, ok).
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from controller.errors import ErrInvalid, TransientError
 from controller.runner.base import (
+    DEFAULT_COMMAND_TIMEOUT_S,
     FIXED_ENV,
     Clock,
     CommandResult,
@@ -57,7 +58,8 @@ class LocalRunner:
     the controller runs as root; production runs as the submit user directly).
     """
 
-    def __init__(self, *, run_as: str | None = None, default_timeout: float = 30.0,
+    def __init__(self, *, run_as: str | None = None,
+                 default_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
                  env: Mapping[str, str] | None = None, observer: Observer | None = None,
                  limiter: RateLimiter | None = None, clock: Clock = time.monotonic) -> None:
         self._default_timeout = check_timeout(default_timeout, field="default_timeout")

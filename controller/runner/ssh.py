@@ -23,6 +23,7 @@ import asyncssh
 
 from controller.errors import DispatchError, ErrInvalid, TransientError
 from controller.runner.base import (
+    DEFAULT_COMMAND_TIMEOUT_S,
     FIXED_ENV,
     Clock,
     CommandResult,
@@ -95,7 +96,7 @@ class SSHRunner:
 
     def __init__(self, host: str, *, port: int = 22, username: str,
                  client_keys: Sequence[str], known_hosts: str,
-                 connect_timeout: float = 10.0, default_timeout: float = 30.0,
+                 connect_timeout: float = 10.0, default_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
                  keepalive_interval: float = 15.0, keepalive_count_max: int = 3,
                  max_sessions: int = 10, connect_attempts: int = 4,
                  backoff_initial: float = 0.5, backoff_max: float = 30.0,

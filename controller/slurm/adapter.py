@@ -112,7 +112,7 @@ from controller.errors import (
 )
 from controller.model.obs import ObjectObs, ObjectRef, Source, StartRequest, State
 from controller.reconcile.ports import ClusterStats
-from controller.runner.base import CommandResult, Runner
+from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, CommandResult, Runner
 from controller.slurm import dialects, holds, naming, script
 from controller.slurm.classify import DEFAULT_SLURM_UIDS, classify, valid_until
 from controller.slurm.record import SlurmJob
@@ -608,7 +608,8 @@ class SlurmAdapter:
 
     def __init__(self, runner: Runner, *, cluster: str, settings: script.StartSettings,
                  user: str, clock: Callable[[], float] = time.time,
-                 capabilities: Capabilities | None = None, command_timeout: float = 30,
+                 capabilities: Capabilities | None = None,
+                 command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
                  sleep: Sleep = asyncio.sleep, poll_interval: float = 2.0,
                  stop_confirm_s: float = 10.0, start_batch: int = 32,
                  start_parallel: int = 2,
