@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-from dataclasses import asdict
 
 from controller.cli.base import EXIT_OK, Command, Streams, config_of, open_client
 from controller.errors import ErrInvalid
@@ -21,7 +19,6 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace, streams: Streams) -> int:
     from controller import wiring
     from controller.daemon.service import Daemon
-    from controller.slurm.adapter import preflight_problems
 
     wiring.setup_logging(args.log_level)
     config = config_of(args)
@@ -33,15 +30,8 @@ def _run(args: argparse.Namespace, streams: Streams) -> int:
                              "first (or 'dispatchctl run --migrate')", field="database")
     parts = wiring.build_all(config)
     adapter = parts["adapter"]
-
-    async def preflight() -> list[str]:
-        caps = await adapter.preflight()
-        logging.getLogger("dispatch.preflight").info(
-            "preflight: what the cluster supports", extra={"capabilities": asdict(caps)})
-        return preflight_problems(caps)
-
     daemon = Daemon(config, store=parts["store"], adapter=adapter, metrics=parts["metrics"],
-                    lease=parts["lease"], preflight=preflight)
+                    lease=parts["lease"], preflight=adapter.check_preflight)
 
     async def main() -> None:
         try:

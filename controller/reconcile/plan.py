@@ -503,8 +503,7 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
             and obs.end is not None:
         # cancelled, but not by us: by a user, or by Slurm itself? Wait (up to the unknown
         # grace) for the accounting record, which names the requester
-        grace = job.policy.unknown_grace_s if job.policy.unknown_grace_s is not None \
-            else b.ctx.unknown_grace_s
+        grace = _unknown_grace(b)
         if b.ctx.now < obs.end + grace:
             b.condition("Observed", False, "AwaitingAccounting",
                         "cancelled, not by dispatch: waiting for the accounting record "
@@ -572,6 +571,12 @@ def _stale(b: _Builder, obs: ObjectObs) -> None:
         b.condition("Stale", False, "Healthy", "")
 
 
+def _unknown_grace(b: _Builder) -> int:
+    """How long an object may go unaccounted for: the job's policy, else the setting."""
+    own = b.job.policy.unknown_grace_s
+    return own if own is not None else b.ctx.unknown_grace_s
+
+
 def _unknown(b: _Builder, observed: Observed) -> None:
     job, ctx = b.job, b.ctx
     since = job.unknown_since if job.unknown_since is not None else ctx.now
@@ -579,8 +584,7 @@ def _unknown(b: _Builder, observed: Observed) -> None:
     why = ("left the queue and accounting did not answer" if not observed.accounting_ok
            else "absent from squeue and sacct")
     b.condition("Observed", False, "Unknown", why)
-    grace = job.policy.unknown_grace_s if job.policy.unknown_grace_s is not None \
-        else ctx.unknown_grace_s
+    grace = _unknown_grace(b)
     if ctx.now - since < grace:
         b.at(since + grace)
         return

@@ -95,7 +95,7 @@ import shlex
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal
 
@@ -1517,8 +1517,10 @@ class SlurmAdapter:
     async def check_preflight(self) -> list[str]:
         """Preflight, then what the daemon needs and the cluster lacks
         (``preflight_problems``): the shape ``daemon.service`` calls at start and on
-        gaining leadership."""
-        return preflight_problems(await self.preflight())
+        gaining leadership. What it found is logged."""
+        caps = await self.preflight()
+        log.info("preflight: what the cluster supports", extra={"capabilities": asdict(caps)})
+        return preflight_problems(caps)
 
 
 def _squeue_format(columns: tuple[str, ...]) -> str:
