@@ -328,23 +328,24 @@ def submissions_per_job(database_url: str) -> dict[str, int]:
     return {str(r[0]): int(r[1]) for r in rows}
 
 
-def intents_left(database_url: str) -> int:
+def query(database_url: str, sql: str, params: Mapping[str, Any] | None = None,
+          ) -> list[Any]:
+    """Every row of one SQL query on the daemon's database (a connection of its own)."""
     engine = create_engine(database_url)
     try:
         with engine.connect() as conn:
-            return int(conn.execute(text(
-                "SELECT count(*) FROM submissions WHERE status = 'intent'")).scalar() or 0)
+            return list(conn.execute(text(sql), dict(params or {})).all())
     finally:
         engine.dispose()
+
+
+def intents_left(database_url: str) -> int:
+    return int(query(database_url,
+                     "SELECT count(*) FROM submissions WHERE status = 'intent'")[0][0] or 0)
 
 
 def event_counts(database_url: str, kinds: Iterable[str]) -> dict[str, int]:
-    engine = create_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT kind, count(*) FROM events GROUP BY kind")).all()
-    finally:
-        engine.dispose()
+    rows = query(database_url, "SELECT kind, count(*) FROM events GROUP BY kind")
     found = {str(k): int(n) for k, n in rows}
     return {k: found.get(k, 0) for k in kinds}
 
@@ -703,7 +704,7 @@ __all__ = [
     "emit", "event_counts", "executions", "fault_daemon", "format_table", "http_status",
     "in_squeue", "intents_left", "is_write", "kill_ssh_sessions", "knob",
     "metrics_text", "pg_ctl", "pg_ready", "pg_role_database", "pg_version",
-    "psql_admin", "read_records", "record_row", "restore_cluster",
+    "psql_admin", "query", "read_records", "record_row", "restore_cluster",
     "sbatch_count", "scrape", "session_rows", "slurm_ctl", "slurm_env", "slurm_up",
     "squeue_state", "sshd_session_pids", "status_snapshot", "submissions_by_slurm_id",
     "submissions_per_job",

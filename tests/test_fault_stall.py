@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from controller.client import Client
 from controller.store.db import Store
@@ -30,6 +29,7 @@ from tests.fault_support import (
     executions,
     fault_daemon,
     http_status,
+    query,
     record_row,
     restore_cluster,
     slurm_up,
@@ -73,14 +73,9 @@ def _doc(i: int) -> dict[str, object]:
 
 
 def _lease(url: str) -> tuple[str, int]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            row = conn.execute(text("SELECT holder, epoch FROM leases")).first()
-    finally:
-        engine.dispose()
-    assert row is not None, "no lease row"
-    return str(row[0]), int(row[1])
+    rows = query(url, "SELECT holder, epoch FROM leases")
+    assert rows, "no lease row"
+    return str(rows[0][0]), int(rows[0][1])
 
 
 def _ready(port: int) -> tuple[int, str]:
@@ -89,14 +84,8 @@ def _ready(port: int) -> tuple[int, str]:
 
 
 def _submissions_since(url: str, epoch: int, since: float) -> int:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text(
-                "SELECT count(*) FROM submissions WHERE epoch = :e AND created_at >= :t"),
-                {"e": epoch, "t": int(since)}).scalar() or 0)
-    finally:
-        engine.dispose()
+    return int(query(url, "SELECT count(*) FROM submissions WHERE epoch = :e "
+                          "AND created_at >= :t", {"e": epoch, "t": int(since)})[0][0] or 0)
 
 
 def test_stalled_leader_stands_down_without_writing(cluster: dict[str, str], tmp_path: Path,
