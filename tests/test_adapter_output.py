@@ -30,11 +30,13 @@ from tests.slurm_fixtures import (
 
 pytestmark = pytest.mark.slurm
 
-# r0 writes and waits to be requeued; r1 writes and exits 0.
+# r0 writes and waits to be requeued; r1 writes and exits 0. r0 waits in `exec sleep`:
+# a shell left waiting on a child that the requeue's SIGTERM kills first may write
+# "Terminated" to r0's stderr (dash does, depending on which of the two dies first).
 REQUEUED_COMMAND = [
     "sh", "-c",
     'echo "out $DISPATCH_ATTEMPT"; echo "err $DISPATCH_ATTEMPT" >&2; '
-    'if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then exit 0; fi; sleep 300',
+    'if [ "${SLURM_RESTART_COUNT:-0}" -ge 1 ]; then exit 0; fi; exec sleep 300',
 ]
 
 
