@@ -26,7 +26,7 @@ from controller.model.ids import new_job_id
 from controller.model.obs import CauseKind, ObjectRef, Source, State
 from controller.runner import Runner
 from controller.slurm.adapter import SlurmAdapter, pick_record
-from controller.slurm.dialects import parse_text_time
+from controller.slurm.dialects import parse_sacct_text, parse_text_time
 from controller.slurm.naming import discovery_name
 from controller.slurm.record import SlurmJob
 from tests.slurm_fixtures import *  # noqa: F403
@@ -326,9 +326,9 @@ REF = ObjectRef("lab", UID, 7, T0)
                   _record("REQUEUED", T0, "dispatch:s=1;a=0")], None, 0,
                  id="requeued-then-completed"),
     pytest.param([_record("COMPLETED", T0 + 200, "dispatch:s=1;a=0"),
-                  dataclasses.replace(_record("PENDING", T0, "dispatch:s=1;a=0"),
+                  dataclasses.replace(_record("", T0, "dispatch:s=1;a=0"),
                                       flags=("REQUEUED",))], None, 0,
-                 id="json-pending-requeued-then-completed"),
+                 id="text-requeued-flag-then-completed"),
     pytest.param([_record("COMPLETED", T0, "dispatch:s=1;a=0"),
                   _record("PENDING", T0 + 50, None)], None, 0, id="reused-same-name-pending"),
     pytest.param([_record("NODE_FAIL", T0, "dispatch:s=1;a=0"),
@@ -347,3 +347,35 @@ def test_pick_record(records: list[SlurmJob], before: int | None,
                      expected: int | None) -> None:
     picked = pick_record(REF, records, user="dispatch", before=before)
     assert picked is (None if expected is None else records[expected])
+
+
+# ``sacct -X -D -P -n -o <SACCT_TEXT_FIELDS>`` of a job that ``scontrol requeue`` requeued
+# and that then completed, as recorded (captures-<version>/requeued-finished.sacct-P-product.txt
+# in the shared research notes)
+REQUEUED_FINISHED = {
+    "24.11": (
+        "24|dj-01M8QP3FSYGQD2A4C8FFBRV8RM|dispatch|1001|REQUEUED|None|2026-12-01T02:14:26|"
+        "2026-12-01T02:14:27|2026-12-01T02:14:27|2026-12-01T02:14:51|0:0|vm|UNLIMITED|"
+        "trixie|dispatch:s=1;a=0\n"
+        "24|dj-01M8QP3FSYGQD2A4C8FFBRV8RM|dispatch|1001|COMPLETED|BeginTime|"
+        "2026-12-01T02:14:51|2026-12-01T02:16:52|2026-12-01T02:16:54|2026-12-01T02:17:54|0:0|"
+        "vm|365-00:00:00|trixie|dispatch:s=1;a=0\n"),
+    "26.05": (
+        "36|dj-01M8QP3FS0DKAXCYEKV9P1B5TE|dispatch|1001|REQUEUED|None|2026-12-01T02:14:26|"
+        "2026-12-01T02:14:26|2026-12-01T02:14:27|2026-12-01T02:14:50|0:0|vm|UNLIMITED|forky|"
+        "dispatch:s=1;a=0\n"
+        "36|dj-01M8QP3FS0DKAXCYEKV9P1B5TE|dispatch|1001|COMPLETED|BeginTime|"
+        "2026-12-01T02:14:50|2026-12-01T02:16:51|2026-12-01T02:17:35|2026-12-01T02:18:35|0:0|"
+        "vm|UNLIMITED|forky|dispatch:s=1;a=0\n"),
+}
+
+
+@pytest.mark.parametrize("version", sorted(REQUEUED_FINISHED))
+def test_pick_record_follows_recorded_text_requeue(version: str) -> None:
+    """Text sacct prints the requeued record's state as the one word REQUEUED (a flag in
+    place of the base state); the chain goes on to the record that completed."""
+    requeued, completed = parse_sacct_text(REQUEUED_FINISHED[version])
+    assert (requeued.base_state, requeued.flags) == ("", ("REQUEUED",))
+    assert requeued.submit_time is not None
+    ref = ObjectRef("lab", requeued.name, requeued.job_id, requeued.submit_time)
+    assert pick_record(ref, [completed, requeued], user="dispatch") is completed

@@ -32,7 +32,6 @@ from controller.slurm.adapter import (
     Capabilities,
     SlurmAdapter,
     batch_script,
-    default_data_parser,
     parse_batch_output,
     parse_parsable,
     parse_slurm_version,
@@ -115,16 +114,15 @@ def test_parse_parsable(text: str, expected: int | None) -> None:
     assert parse_parsable(text) == expected
 
 
-@pytest.mark.parametrize(("text", "version", "parser"), [
-    ("slurm-wlm 22.05.8\n", (22, 5, 8), "openapi/v0.0.38"),
-    ("slurm 22.05.2", (22, 5, 2), "openapi/v0.0.37"),
-    ("slurm 24.05.1", (24, 5, 1), "data_parser/v0.0.41"),
-    ("slurm 25.11.0", (25, 11, 0), "data_parser/v0.0.44"),
-    ("slurm 26.05.4", (26, 5, 4), "data_parser/v0.0.45"),
+@pytest.mark.parametrize(("text", "version"), [
+    ("slurm-wlm 22.05.8\n", (22, 5, 8)),
+    ("slurm 22.05.2", (22, 5, 2)),
+    ("slurm 24.05.1", (24, 5, 1)),
+    ("slurm 25.11.0", (25, 11, 0)),
+    ("slurm 26.05.4", (26, 5, 4)),
 ])
-def test_versions(text: str, version: tuple[int, int, int], parser: str) -> None:
+def test_versions(text: str, version: tuple[int, int, int]) -> None:
     assert parse_slurm_version(text) == version
-    assert default_data_parser(version) == parser
 
 
 # ---------------------------------------------------------------- real cluster
@@ -319,8 +317,6 @@ async def test_preflight(slurm: SlurmEnv, adapter: SlurmAdapter) -> None:
     caps = await adapter.preflight()
     assert isinstance(caps, Capabilities) and adapter.capabilities == caps
     assert caps.slurm_version == slurm.version and caps.version[:2] >= (22, 5)
-    assert caps.reader == "text"
-    assert caps.data_parser == default_data_parser(caps.version)
     assert caps.accounting_history is slurm.accounting
     assert caps.job_comment is ("job_comment" in config["AccountingStoreFlags"])
     assert caps.min_job_age == int(config["MinJobAge"].split()[0])

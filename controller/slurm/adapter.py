@@ -43,8 +43,9 @@ our user. The text form is the reader on every supported version (22.05 .. 26.05
   ``<id>|dj-<ULID>|`` are parsed at all: no other job of the user, whatever its name,
   can break or shift a read of ours.
 
-``Capabilities.reader`` records the choice (``reader_for``), so a future JSON reader is
-one table row away.
+So there is no JSON reader and no per-version choice of one: ``dialects`` parses the two
+text forms, and Preflight records what differs between versions that the text reader
+uses (the SLUID columns, ``Capabilities.identity``).
 
 Accounting
 ----------
@@ -165,16 +166,13 @@ _WAITING_FOR_RESOURCES: Final = frozenset({
 class Capabilities:
     """What Preflight found on one cluster (SPEC §4.4; slurm-reference §4.8).
 
-    ``reader`` is how live reads are done (``"text"``: see the module docstring);
-    ``data_parser`` names the JSON serialiser this version's CLIs print by default, for
-    the record. ``accounting_history`` is true when sacct answered; ``job_comment`` when
-    ``AccountingStoreFlags`` keeps the comment, so a finished job's submission and
+    Every version is read through the same text forms (module docstring): nothing here
+    chooses a reader. ``accounting_history`` is true when sacct answered; ``job_comment``
+    when ``AccountingStoreFlags`` keeps the comment, so a finished job's submission and
     attempt are known. ``None`` means the cluster did not say.
     """
 
     slurm_version: str
-    reader: str = "text"
-    data_parser: str | None = None
     accounting_history: bool = False
     job_comment: bool = False
     min_job_age: int | None = None
@@ -261,36 +259,13 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
-def reader_for(version: tuple[int, int, int]) -> str:
-    """The live reader for a Slurm version: text on every supported version (module
-    docstring: the cheapest correct read on 22.05 .. 26.05)."""
-    return "text"
-
-
-_DATA_PARSERS: Final = (
-    ((26, 5), "data_parser/v0.0.45"), ((25, 11), "data_parser/v0.0.44"),
-    ((25, 5), "data_parser/v0.0.43"), ((24, 11), "data_parser/v0.0.42"),
-    ((24, 5), "data_parser/v0.0.41"), ((23, 11), "data_parser/v0.0.40"),
-    ((23, 2), "data_parser/v0.0.39"),
-)
-
-
-def default_data_parser(version: tuple[int, int, int]) -> str | None:
-    """The JSON serialiser the CLIs of ``version`` print by default (slurm-reference §2.1)."""
-    for since, name in _DATA_PARSERS:
-        if version[:2] >= since:
-            return name
-    if version[:2] == (22, 5):
-        return "openapi/v0.0.38" if version[2] >= 3 else "openapi/v0.0.37"
-    return None
-
-
 # --------------------------------------------------------------------------------------
 # Error mapping: the one place that reads Slurm's messages
 
 
 class _Kind(enum.Enum):
     BACK_PRESSURE = "back-pressure"
+    RATE_LIMITED = "rate-limited"
     TRANSIENT = "transient"
     NOT_FOUND = "not-found"
     CONFLICT = "conflict"
@@ -416,6 +391,9 @@ def pick_record(ref: ObjectRef, records: Sequence[SlurmJob], *, user: str,
     only when the one before was requeued by Slurm and the comments (when both are known)
     name the same submission. ``before``, when given, is the submit time of a live job
     that holds the id now and is not ours: nothing from then on belongs to ``ref``.
+    The text sacct that Inspect reads prints a requeued record's state as the one word
+    ``REQUEUED`` (read as a flag in place of the base state) on 22.05, 24.11 and 26.05
+    alike, as recorded, and the chain follows it (``_requeued_record``).
     """
     candidates = sorted(
         (rec for rec in records
@@ -445,9 +423,8 @@ def pick_record(ref: ObjectRef, records: Sequence[SlurmJob], *, user: str,
 
 def _requeued_record(record: SlurmJob) -> bool:
     """An accounting record that Slurm requeued: the same Slurm job continues in a later
-    record. Text prints ``REQUEUED`` (a flag in place of the base); the list dialects
-    (v0.0.40+) print the requeue state as ``PENDING`` with flag ``REQUEUED``; a node
-    failure or preemption of a requeueable job is written as its own base state."""
+    record. Text sacct prints ``REQUEUED`` (a flag in place of the base); a node failure
+    or preemption of a requeueable job is written as its own base state."""
     return record.base_state in _REQUEUE_RECORD_STATES or "REQUEUED" in record.flags
 
 
@@ -1491,8 +1468,6 @@ class SlurmAdapter:
                             + " ".join(dir_res.stderr.split())[:200])
         capabilities = Capabilities(
             slurm_version=slurm_version,
-            reader=reader_for(version),
-            data_parser=default_data_parser(version),
             accounting_history=accounting,
             job_comment=job_comment,
             min_job_age=min_job_age,

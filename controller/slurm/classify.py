@@ -7,8 +7,8 @@ duplicate, missing-output, stale): no rule names them.
 
 Decisions beyond the SPEC's text:
 
-* single-string dialects (22.05, v0.0.39, squeue text) may print a flag instead of the
-  base state; ``_UNREPORTED_BASE`` says which base Slurm sets that flag on (the hold and
+* the text may print a flag instead of the base state (squeue's COMPLETING, sacct's
+  REQUEUED); ``_UNREPORTED_BASE`` says which base Slurm sets that flag on (the hold and
   requeue flags only ever sit on PENDING jobs; COMPLETING, CONFIGURING and the other
   transitional flags are classified as running, still on their nodes, with the flag
   as the detail, until Slurm prints the real state);
@@ -165,8 +165,6 @@ def _slurm_requester(f: Facts) -> bool:
     requester = f.job.kill_request_user
     if requester is None or requester == f.job.user:
         return False
-    if requester == "root":  # the JSON dialects name the requester
-        return 0 in f.slurm_uids
     return any(requester == f"uid={uid}" for uid in f.slurm_uids)
 
 
@@ -242,7 +240,7 @@ BASE_RULES: Final[Mapping[str, tuple[Rule, ...]]] = {
 UNKNOWN_RULE: Final = Rule("unknown", _always, State.ENDED, CauseKind.UNKNOWN,
                            Provenance.UNKNOWN, lambda f: f.job.state_text)
 
-# The base state Slurm sets under a flag that a single-string dialect printed instead.
+# The base state Slurm sets under a flag that the text printed instead.
 _UNREPORTED_BASE: Final[Mapping[str, str]] = {
     "REQUEUED": "PENDING", "REQUEUE_FED": "PENDING", "REQUEUE_HOLD": "PENDING",
     "SPECIAL_EXIT": "PENDING", "RESV_DEL_HOLD": "PENDING",

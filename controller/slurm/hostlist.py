@@ -13,7 +13,7 @@ from controller.errors import ProtocolError
 
 MAX_HOSTS = 100_000
 
-# What Slurm prints when a job has no nodes (squeue/JSON: "", sacct: "None assigned").
+# What Slurm prints when a job has no nodes (squeue: "", sacct: "None assigned").
 _EMPTY_FORMS = frozenset({"", "(null)", "None assigned"})
 
 # One host-list element: literal name pieces and bracketed range sets, alternating.

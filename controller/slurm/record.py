@@ -1,4 +1,4 @@
-"""SlurmJob: the one internal record every Slurm dialect (JSON of each version, text) is
+"""SlurmJob: the one internal record the squeue and sacct text the reader reads is
 normalised into before classification. Pure data."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 class SlurmJob:
     """One Slurm job as read from squeue/scontrol (live) or sacct (accounting).
 
-    Times are epoch seconds, ``None`` when Slurm reports them unset (0, NO_VAL,
-    ``{"set": false}``) or infinite. ``base_state`` is one of Slurm's base
+    Times are epoch seconds, ``None`` when Slurm reports them unset (``0``, ``N/A``,
+    ``Unknown``, ``None``). ``base_state`` is one of Slurm's base
     states as text (``PENDING``, ``RUNNING``, ... or anything unknown, kept
     raw); ``flags`` are the remaining state words (``COMPLETING``, ...).
     """
