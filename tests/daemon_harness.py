@@ -42,7 +42,8 @@ def free_port() -> int:
 
 
 def write_config(path: Path, *, database_url: str, port: int, tick_s: float = 1.0,
-                 unknown_grace_s: int = 120, extra: str = "") -> Path:
+                 unknown_grace_s: int = 120, adopt_window_s: int = 180,
+                 extra: str = "") -> Path:
     out_dir = "/tmp/dispatch-e2e-output"
     path.write_text(f"""
 [cluster]
@@ -62,6 +63,7 @@ cluster_stats_interval_s = 5
 {extra}
 [reconcile]
 unknown_grace_s = {unknown_grace_s}
+adopt_window_s = {adopt_window_s}
 [slurm]
 rate_per_s = 200
 """)

@@ -148,12 +148,15 @@ def test_fifty_jobs_through_the_daemon(cluster: dict[str, str], tmp_path: Path,
 def test_crash_safety_sigkill_while_submitting(cluster: dict[str, str], tmp_path: Path,
                                                sqlite_url: str) -> None:
     """SIGKILL the daemon at random moments (>= 10 times) while 100 jobs are submitted:
-    after restart every job completes once; none ran twice, none is lost."""
+    after restart every job completes once; none ran twice, none is lost. A killed
+    leader keeps its lease until it expires, and an intent whose sbatch never ran waits
+    the adopt window: both are short here (10 s, 20 s) so the test does not spend three
+    minutes waiting for the default window (safety never depends on either)."""
     rng = random.Random(20261130)
     client = Client(sqlite_url)
     ids = [client.submit(_doc(_sh(f"sleep {rng.choice([0, 1, 2])}")))
            for _ in range(100)]
-    with daemon(tmp_path, sqlite_url) as d:
+    with daemon(tmp_path, sqlite_url, adopt_window_s=20, extra="lease_ttl_s = 10") as d:
         kills = 0
         started = time.monotonic()
         while kills < 12 or time.monotonic() - started < 10:

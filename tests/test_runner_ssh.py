@@ -539,7 +539,7 @@ async def _wait_gone(pid: int, within: float = 3.0) -> None:
     while True:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # ESRCH: it went while being read
             return
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             return
