@@ -168,13 +168,16 @@ def is_write(argv: Sequence[str]) -> bool:
     return name == "scontrol" and len(argv) > 1 and argv[1].lower() in _SCONTROL_WRITES
 
 
-def write_target(argv: Sequence[str]) -> int | None:
-    """The Slurm job id a write command names (the first bare id or ``JobId=<id>``)."""
+def write_targets(argv: Sequence[str]) -> list[int]:
+    """Every Slurm job id a write command names: bare ids, ``JobId=<id>`` and the comma
+    lists of a joined write (``scontrol release 7,8,9``, ``scancel --user=u 7 8 9``)."""
+    targets: list[int] = []
     for word in argv[1:]:
-        match = _JOB_ID_WORD.fullmatch(word)
-        if match is not None:
-            return int(match.group(1))
-    return None
+        parts = word.split(",")
+        matches = [_JOB_ID_WORD.fullmatch(part) for part in parts]
+        if all(m is not None for m in matches):
+            targets.extend(int(m.group(1)) for m in matches if m is not None)
+    return targets
 
 
 def sbatch_count(script: str) -> int:
@@ -378,30 +381,34 @@ def wrong_writes(entries: Sequence[dict[str, Any]], database_url: str, *,
     wrong: list[str] = []
     for entry in writes:
         argv = entry["argv"]
-        target = write_target(argv)
         what = " ".join(shlex.quote(a) for a in argv)
-        if target is None:
+        targets = write_targets(argv)
+        if not targets:
             wrong.append(f"no target: {what}")
-            continue
-        if target in protected_ids:
-            wrong.append(f"protected job {target}: {what}")
-            continue
-        owner = known.get(target)
-        if owner is None:
-            wrong.append(f"job {target} is no recorded submission: {what}")
-            continue
-        job_id, _, status = owner
-        recs = by_id.get(target, [])
-        if any(r.user != user or r.name != "dj-" + job_id for r in recs):
-            wrong.append(f"job {target} is not only {user}'s dj-{job_id}: {what}")
-            continue
-        named = [a.split("=", 1)[1] for a in argv if a.startswith("--name=")]
-        if named and named != ["dj-" + job_id]:
-            wrong.append(f"scancel names another job than {target}'s: {what}")
-            continue
-        if os.path.basename(argv[0]) == "scontrol" and status == "duplicate":
-            wrong.append(f"released/updated duplicate {target}: {what}")
+        for target in targets:
+            wrong.extend(_judge_target(target, argv, what, known, by_id, protected_ids, user))
     return len(wrong), wrong
+
+
+def _judge_target(target: int, argv: Sequence[str], what: str,
+                  known: Mapping[int, tuple[str, Any, str]],
+                  by_id: Mapping[int, list[SacctRecord]], protected_ids: set[int],
+                  user: str) -> list[str]:
+    """What is wrong with one job a write named ([]: nothing)."""
+    if target in protected_ids:
+        return [f"protected job {target}: {what}"]
+    owner = known.get(target)
+    if owner is None:
+        return [f"job {target} is no recorded submission: {what}"]
+    job_id, _, status = owner
+    if any(r.user != user or r.name != "dj-" + job_id for r in by_id.get(target, [])):
+        return [f"job {target} is not only {user}'s dj-{job_id}: {what}"]
+    named = [a.split("=", 1)[1] for a in argv if a.startswith("--name=")]
+    if named and named != ["dj-" + job_id]:
+        return [f"scancel names another job than {target}'s: {what}"]
+    if os.path.basename(argv[0]) == "scontrol" and status == "duplicate":
+        return [f"released/updated duplicate {target}: {what}"]
+    return []
 
 
 # ---------------------------------------------------------------- the cluster
@@ -709,5 +716,5 @@ __all__ = [
     "squeue_state", "sshd_session_pids", "status_snapshot", "submissions_by_slurm_id",
     "submissions_per_job",
     "tally", "views", "wait_for", "wait_healthy_tick", "wait_terminal", "write_count",
-    "write_target", "wrong_writes",
+    "write_targets", "wrong_writes",
 ]

@@ -56,7 +56,7 @@ from tests.fault_support import (
     tally,
     wait_for,
     wait_terminal,
-    write_target,
+    write_targets,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -172,20 +172,24 @@ def judge_writes(entries: Sequence[dict[str, Any]], url: str) -> tuple[int, list
             continue
         argv, at = entry["argv"], float(entry["t"])
         what = " ".join(argv)
-        target = write_target(argv)
-        before = sorted(c for c in by_id.get(target or -1, []) if c[0] <= at + 1)
-        if target is None or not before:
+        targets = write_targets(argv)
+        if not targets:
             wrong.append(f"no recorded object: {what}")
-            continue
-        submit, job_id, status = before[-1]
-        named = [a.split("=", 1)[1] for a in argv if a.startswith("--name=")]
-        if named and named != ["dj-" + job_id]:
-            wrong.append(f"scancel names another job than {target}'s dj-{job_id}: {what}")
-        elif os.path.basename(argv[0]) == "scontrol" and status == "duplicate":
-            wrong.append(f"released/updated duplicate {target}: {what}")
-        elif any(a.submit == submit and (a.user != "dispatch" or a.name != "dj-" + job_id)
-                 for a in acct.get(target, [])):
-            wrong.append(f"{target} at {submit} is not dispatch's dj-{job_id}: {what}")
+        for target in targets:
+            before = sorted(c for c in by_id.get(target, []) if c[0] <= at + 1)
+            if not before:
+                wrong.append(f"no recorded object {target}: {what}")
+                continue
+            submit, job_id, status = before[-1]
+            named = [a.split("=", 1)[1] for a in argv if a.startswith("--name=")]
+            if named and named != ["dj-" + job_id]:
+                wrong.append(f"scancel names another job than {target}'s dj-{job_id}: "
+                             f"{what}")
+            elif os.path.basename(argv[0]) == "scontrol" and status == "duplicate":
+                wrong.append(f"released/updated duplicate {target}: {what}")
+            elif any(a.submit == submit and (a.user != "dispatch" or a.name != "dj-" + job_id)
+                     for a in acct.get(target, [])):
+                wrong.append(f"{target} at {submit} is not dispatch's dj-{job_id}: {what}")
     return len(wrong), wrong
 
 

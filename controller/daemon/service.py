@@ -37,6 +37,11 @@ from controller.store.lease import Lease, LeaseInfo, read_lease
 
 log = logging.getLogger("dispatch.daemon")
 
+# Ticks run back to back (a burst's slices, outcomes waiting, wakes during a tick) at most
+# this many times before the interval schedule takes over again: a rule that asks for
+# "again" every tick cannot spin the daemon.
+AGAIN_LIMIT = 100
+
 
 class Daemon:
     def __init__(self, config: Config, *, store: Store, adapter: SlurmPort, metrics: Metrics,
@@ -50,13 +55,17 @@ class Daemon:
         d = config.daemon
         self.lease = lease if lease is not None else Lease(
             store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, clock=clock)
+        # a tick takes on no further chunk of work after a third of the lease TTL: it
+        # renews its lease long before the deadline, and a burst is spread over ticks
         self.reconciler = Reconciler(store, adapter, metrics=metrics, clock=clock,
-                                     settings=config.reconcile, fence=self.lease)
+                                     settings=config.reconcile, fence=self.lease,
+                                     budget_s=config.daemon.lease_ttl_s / 3)
         self._held_epoch: int | None = None  # the epoch the last tick ran under
         self.seen: LeaseInfo | None = None  # the lease row as last read
         self.preflight = preflight
         self.stop_event = asyncio.Event()
         self._tick_lock = asyncio.Lock()
+        self._again = False  # tick again right after this one (``wake``)
         self._scheduler: AsyncIOScheduler | None = None
         self.http: HealthServer | None = None
         self.ticks = 0
@@ -64,7 +73,17 @@ class Daemon:
     # ------------------------------------------------------------ jobs
 
     async def tick_once(self) -> None:
-        """One leader-guarded tick; safe to call concurrently (one runs at a time)."""
+        """Leader-guarded ticks; safe to call concurrently (one runs at a time). A wake
+        during a tick (a row committed, an action outcome or the rest of a burst waiting:
+        ``wake``) is not lost: the next tick follows at once, at most ``AGAIN_LIMIT`` in
+        a row before the interval schedule takes over again."""
+        for _ in range(AGAIN_LIMIT):
+            self._again = False
+            await self._tick_guarded()
+            if not self._again or self.stop_event.is_set():
+                return
+
+    async def _tick_guarded(self) -> None:
         if self.stop_event.is_set():
             return
         async with self._tick_lock:
@@ -110,8 +129,8 @@ class Daemon:
                 self.metrics.ticks.labels(result="error").inc()
                 return
             self.ticks += 1
-            if report.replan_soon:  # an action's outcome waits for its plan: at once
-                self.wake()
+            if report.replan_soon:  # an outcome or a burst's rest waits: at once
+                self._again = True
             log.info("tick", extra={"tracked": report.tracked, "actions": dict(report.actions),
                                     "errors": len(report.errors), "slurm_ok": report.slurm_ok,
                                     "epoch": self.lease.epoch,
@@ -174,7 +193,12 @@ class Daemon:
             self.metrics.queue_wait.labels(method="observed").set(stats.observed_wait_s)
 
     def wake(self) -> None:
-        """Run the tick as soon as possible (coalesced with one already queued)."""
+        """Run the tick as soon as possible (coalesced with one already queued); during a
+        tick, the next one follows it at once (the scheduler would skip a run while one
+        is in flight)."""
+        self._again = True
+        if self._tick_lock.locked():
+            return
         if self._scheduler is not None and not self.stop_event.is_set():
             job = self._scheduler.get_job("tick")
             if job is not None:

@@ -121,8 +121,11 @@ class TickReport:
     duration_s: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     # action outcomes (sbatch refused/deferred, outputs checked) wait for the next plan of
-    # their jobs: tick again soon rather than after the full interval
+    # their jobs, or work was left for the next tick (``deferred``): tick again at once
+    # rather than after the full interval
     replan_soon: bool = False
+    # jobs left unplanned for the next tick: past the submit slice or the time budget
+    deferred: int = 0
 
 
 class Reconciler:
@@ -130,8 +133,12 @@ class Reconciler:
 
     def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
                  clock: Clock = time.time, settings: TickSettings | None = None,
-                 fence: Fence | None = None) -> None:
+                 fence: Fence | None = None, budget_s: float | None = None) -> None:
         self.store = store
+        # after this many seconds a tick takes on no further chunk of jobs (the daemon
+        # passes a third of the lease TTL); None: no bound
+        self.budget_s = budget_s
+        self._ticks = 0  # ticks begun: a _Memo's birth, for new-rows-first
         # the leader lease: fences every write transaction and every Slurm write
         self.fence: Fence = fence if fence is not None else NoFence()
         self.adapter = adapter
@@ -209,7 +216,8 @@ class Reconciler:
 
     async def _tick(self, report: TickReport) -> None:
         now = self.now()
-        t0 = time.perf_counter()
+        self._ticks += 1
+        began = t0 = time.perf_counter()
         memos = self._track(report)
         report.tracked = len(memos)
         self.metrics.tracked.set(len(memos))
@@ -244,6 +252,7 @@ class Reconciler:
         todo = self._unsettled(live, now, epoch, report)
         chunk = max(1, self.settings.plan_chunk)
         if len(todo) <= chunk:  # the usual tick: a few jobs, read in full at once
+            todo.sort(key=_newest_first)  # stable: a burst keeps its order
             todo = self._with_rows(todo, report)
         else:  # many (a new leader's first tick): the jobs likely to act first
             self._order(todo, report)
@@ -257,7 +266,16 @@ class Reconciler:
 
         report.timings["plan"] = report.timings["store"] = report.timings["apply"] = 0.0
         self._carried = {}
+        slots = max(1, self.settings.submit_slice)
         for start in range(0, len(todo), chunk):
+            if (start and self.budget_s is not None
+                    and time.perf_counter() - began > self.budget_s):
+                # the rest waits for the next tick, at once: a tick stays well inside
+                # its lease, and the next one reads Slurm again first
+                report.deferred += len(todo) - start
+                for item in todo[start:]:
+                    item.row = None
+                break
             t0 = time.perf_counter()
             part = self._with_rows(todo[start:start + chunk], report)
             plans: list[tuple[repo.LoadedJob, Plan]] = []
@@ -277,6 +295,14 @@ class Reconciler:
                     report.errors.append(f"{job.state.job_id}: plan: {exc}")
                     outcomes.append((item, None))
                     continue
+                if any(isinstance(action, Submit) for action in p.actions):
+                    if slots == 0:
+                        # past this tick's submit slice: the plan is dropped unwritten
+                        # (plan is pure: the next tick, at once, makes it again)
+                        report.deferred += 1
+                        item.row = None
+                        continue
+                    slots -= 1
                 plans.append((job, p))
                 outcomes.append((item, p))
             report.planned += len(plans)
@@ -298,7 +324,7 @@ class Reconciler:
         self._validated = self._carried
         t0 = time.perf_counter()
         await self._sweep(orphans(strays, memos), report)
-        report.replan_soon = bool(self._outcome_book())
+        report.replan_soon = bool(self._outcome_book()) or report.deferred > 0
         report.timings["apply"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         self._refresh_gauges(now)
@@ -320,9 +346,10 @@ class Reconciler:
                             "every job is read and planned every tick")
             rows = repo.tracked_versions(tx)
         memos = self._memos
+        born = self._ticks
         if not self._loaded or not self._versions_kept:
             report.full_load = True
-            self._memos = {job_id: _Memo(version, status_version)
+            self._memos = {job_id: _Memo(version, status_version, born=born)
                            for job_id, version, status_version in rows}
             self._loaded = True
             return self._memos
@@ -332,12 +359,16 @@ class Reconciler:
         for job_id, version, status_version in rows:
             memo = remembered(job_id)
             if memo is None:
-                memos[job_id] = _Memo(version, status_version)
+                memos[job_id] = _Memo(version, status_version, born=born)
                 continue
             known += 1
-            if (status_version is None or memo.version != version
-                    or memo.status_version != status_version):
-                memos[job_id] = _Memo(version, status_version)
+            if memo.version != version or memo.status_version != status_version:
+                # a status that this reconciler wrote itself does not make the row new
+                kept = memo.wrote and memo.version == version
+                memos[job_id] = _Memo(version, status_version,
+                                      born=memo.born if kept else born)
+            elif status_version is None:  # no status row yet: planned again, as it was
+                memos[job_id] = _Memo(version, status_version, born=memo.born)
         if known != before:  # some finished or were deleted
             for job_id in memos.keys() - {row[0] for row in rows}:
                 del memos[job_id]
@@ -380,6 +411,7 @@ class Reconciler:
             urgent = repo.changed_after_status(tx)  # desired (or spec) changed
         urgent.update(self._outcome_book())
         fresh = not report.full_load  # versions moved since the last plan: a new _Memo
+        todo.sort(key=_newest_first)
         todo.sort(key=lambda item: not _likely_to_act(item, urgent, fresh=fresh))
 
     def _with_rows(self, todo: list[_Todo], report: TickReport) -> list[_Todo]:
@@ -426,6 +458,7 @@ class Reconciler:
                 continue
             if item.outcomes:  # planned and committed: the outcomes are spent
                 self._spend_outcomes(item.job_id, item.outcomes)
+            memo.wrote = item.job_id in written
             memo.gauge = _gauge(p.status)
             if (p.actions or p.submissions or p.events or item.needs_accounting
                     or not memo.valid or not job.has_status
@@ -754,6 +787,8 @@ class _Memo:
     planned_at: int = 0
     epoch: int = 0
     gauge: tuple[str | None, bool, int | None] | None = None  # see ``_gauge``
+    born: int = 0  # the tick that made it: its row was new or had moved then
+    wrote: bool = False  # its last plan wrote its status (the next version is ours)
 
 
 @dataclass(slots=True)
@@ -770,6 +805,13 @@ class _Todo:
 
 _NO_OBS: tuple[ObjectObs, ...] = ()
 _STEADY = frozenset({State.PENDING, State.RUNNING})
+
+
+def _newest_first(item: _Todo) -> int:
+    """Rows that are new or moved since the last tick before older ones: a row written
+    during a burst is planned (and submitted) in the next tick's slice, not after the
+    burst; the sort is stable, so a burst keeps its own order."""
+    return -item.memo.born
 
 
 def _likely_to_act(item: _Todo, urgent: set[str], *, fresh: bool) -> bool:

@@ -7,8 +7,10 @@ owns three things nothing else may do:
 * **which Slurm command answers which question** (one argv list each; quoting happens
   only in the sh scripts of Start, Output and missing_paths);
 * **the identity check** before every write (SPEC §2): the job with the ref's id is read
-  from slurmctld *now* with a single-id ``squeue -j <id>`` (slurmctld's cheap
-  ``slurm_load_job`` path) and the write goes ahead only when the id, the exact name and
+  from slurmctld *now* -- a single-id ``squeue -j <id>`` (slurmctld's cheap
+  ``slurm_load_job`` path), or, for the checks of concurrent writes joined into one
+  command (``coalesce``), ``squeue --me -j <id>,<id>,...`` (one RPC for our user's jobs)
+  -- and the write goes ahead only when the id, the exact name and
   the submit time (equal, or later when the restart count is above zero) agree, the job
   belongs to our user and its comment is ours. Anything else acts on nothing. Where the
   cluster's writes take a SLUID (26.05: Preflight's ``identity == "sluid"``) the write
@@ -18,6 +20,15 @@ owns three things nothing else may do:
   22.05 has none;
 * **error mapping**: Slurm's messages become ``controller.errors`` here, once, in
   ``slurm_failure``; no other module matches Slurm's text.
+
+Writes of many jobs
+-------------------
+Releases and cancels issued together (a burst's gates opening, a sweep) share one
+command per kind after their joined identity read: ``scontrol release <t>,<t>,...`` and
+``scancel --user=<us> <id> <id> ...`` (or ``scancel <sluid> ...``). Only targets that
+passed their own check are named; when the joined command fails, which job made it fail
+is not read from the text: each job is checked again and written alone. Holds (a begin
+time per job) and requeues stay one command each.
 
 Reading the queue
 -----------------
@@ -116,6 +127,7 @@ from controller.reconcile.ports import ClusterStats
 from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, CommandResult, Runner
 from controller.slurm import dialects, holds, naming, script
 from controller.slurm.classify import DEFAULT_SLURM_UIDS, classify, valid_until
+from controller.slurm.coalesce import Coalescer
 from controller.slurm.record import SlurmJob
 
 log = logging.getLogger(__name__)
@@ -137,6 +149,18 @@ RECENT_START_WINDOW_S: Final = 3600  # cluster_stats: "started recently"
 # default 2 MiB channel window, so a call is written without waiting for window updates,
 # and bounds what one lost connection leaves unknown.
 START_BATCH_BYTES: Final = 1024 * 1024
+
+# Jobs named in one joined identity read (``squeue -j``) or joined write (``scontrol
+# release``, ``scancel``): at most ~8 KiB of ids on a command line.
+JOINED_LIMIT: Final = 512
+
+# A joined write: (operation, target, the job's dispatch name).
+_WriteKey = tuple[str, str, str]
+
+
+class _Alone(Exception):
+    """A joined write failed: the job is checked again and written alone."""
+
 
 # A row of ours in squeue/sacct text: the id, then a discovery-shaped name, then '|'.
 _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
@@ -620,6 +644,11 @@ class SlurmAdapter:
         self._flushing = 0
         self._kick_scheduled = False
         self._flushes: set[asyncio.Task[None]] = set()
+        # identity reads and releases/cancels of concurrent callers, joined (coalesce)
+        self._identity_reads: Coalescer[int, SlurmJob | None] = Coalescer(
+            self._read_ours_many, limit=JOINED_LIMIT, parallel=2)
+        self._joined_writes: Coalescer[_WriteKey, CommandResult] = Coalescer(
+            self._run_joined_writes, limit=JOINED_LIMIT, parallel=2)
         self._live_rows: dict[str, _RowMemo] = {}  # find_many's rows of the last read
         self._valid_ids: list[str] = []  # find_many's ids of the last call (checked)
 
@@ -707,6 +736,58 @@ class SlurmAdapter:
             raise slurm_failure(result, operation=what)
         return result
 
+    async def _joined_write(self, operation: str, target: str, *, uid: str,
+                            what: str) -> CommandResult:
+        """A ``release`` or ``cancel`` of one identity-checked target, joined with the
+        concurrent ones of the same kind into one command (``_write_many``). _Alone when
+        a joined command failed: the caller checks its job again and writes it alone."""
+        result = await self._joined_writes.call((operation, target, uid))
+        if not result.ok:
+            raise slurm_failure(result, operation=what)
+        return result
+
+    async def _run_joined_writes(self, keys: Sequence[_WriteKey]
+                                 ) -> dict[_WriteKey, CommandResult | BaseException]:
+        groups: dict[tuple[str, bool], list[_WriteKey]] = {}
+        for key in keys:
+            groups.setdefault((key[0], _SLUID.fullmatch(key[1]) is not None), []).append(key)
+        answers: dict[_WriteKey, CommandResult | BaseException] = {}
+        for (operation, _), group in groups.items():
+            try:
+                if len(group) == 1:
+                    result = await self._write(operation, group[0][1], uid=group[0][2])
+                else:
+                    result = await self._write_many(operation, [key[1] for key in group])
+            except Exception as exc:  # e.g. LeaseLost: each caller raises it
+                answers.update(dict.fromkeys(group, exc))
+                continue
+            if len(group) > 1 and not result.ok:
+                # which job made it fail, and whether the others were written, is not
+                # told apart from the text: each is checked again and written alone
+                answers.update((key, _Alone(result.stderr.strip()[:200])) for key in group)
+            else:
+                answers.update(dict.fromkeys(group, result))
+        return answers
+
+    async def _write_many(self, operation: str, targets: Sequence[str]) -> CommandResult:
+        """One command that releases or cancels every identity-checked target (all
+        numeric ids, or all SLUIDs). A cancel of numeric ids is restricted to our user
+        (``scancel --user``): the per-job ``--name`` belt of ``_write`` takes one name."""
+        for target in targets:
+            if _SLUID.fullmatch(target) is None and not target.isdigit():
+                raise ErrInvalid(f"not a job id or SLUID: {target!r:.40}", field="target")
+        match operation:
+            case "release":
+                argv = ["scontrol", "release", ",".join(targets)]
+            case "cancel" if _SLUID.fullmatch(targets[0]) is not None:
+                argv = ["scancel", *targets]
+            case "cancel":
+                argv = ["scancel", f"--user={self.user}", *targets]
+            case _:
+                raise ErrInvalid(f"no joined write {operation!r}", field="operation")
+        self._guard_write()
+        return await self._run(argv)
+
     # ------------------------------------------------------------ live reads
 
     async def _read_job(self, job_id: int) -> SlurmJob | None:
@@ -725,6 +806,36 @@ class SlurmAdapter:
                 if job.job_id == job_id:
                     return job
         return None
+
+    async def _read_ours(self, job_id: int) -> SlurmJob | None:
+        """The job with this id as slurmctld holds it now when it is ours and named
+        ``dj-…`` (else None), for an identity check before a write: concurrent checks are
+        joined into one command (``_read_ours_many``)."""
+        return await self._identity_reads.call(job_id)
+
+    async def _read_ours_many(self, job_ids: Sequence[int]) -> dict[int, SlurmJob | None]:
+        """Each of ``job_ids`` (one id: ``_read_job``; several: one ``squeue --me -j``,
+        whose job list squeue filters on our user's jobs, one RPC for all)."""
+        if len(job_ids) == 1:
+            return {job_ids[0]: await self._read_job(job_ids[0])}
+        columns = self._squeue_columns()
+        result = await self._run(["squeue", "-h", "--me", "--states=all",
+                                  "-j", ",".join(str(i) for i in job_ids),
+                                  "-O", _squeue_format(columns)])
+        if not result.ok:
+            error = slurm_failure(result, operation=f"squeue -j ({len(job_ids)} ids)")
+            if not isinstance(error, ErrNotFound):
+                raise error
+            # an id slurmctld no longer knows made the list fail: each on its own
+            found = await asyncio.gather(*(self._read_job(i) for i in job_ids))
+            return dict(zip(job_ids, found, strict=True))
+        wanted = set(job_ids)
+        jobs: dict[int, SlurmJob | None] = dict.fromkeys(job_ids)
+        for line in our_rows(result.stdout):
+            for job in dialects.parse_squeue_text(line + "\n", columns=columns):
+                if job.job_id in wanted and job.user == self.user:
+                    jobs[job.job_id] = job
+        return jobs
 
     async def _read_mine(self, *, names: Collection[str],
                          name_filter: str | None = None) -> list[SlurmJob]:
@@ -756,7 +867,7 @@ class SlurmAdapter:
 
     async def _identified(self, ref: ObjectRef, operation: str) -> SlurmJob:
         """The live job that is ``ref``'s object and ours to write, or ErrNotFound."""
-        job = None if ref.cluster != self.cluster else await self._read_job(ref.id)
+        job = None if ref.cluster != self.cluster else await self._read_ours(ref.id)
         if job is None or not self._same_object(ref, job):
             raise ErrNotFound(f"{operation}: no job {ref.id} named {ref.uid} submitted at "
                               f"{ref.submit} on cluster {ref.cluster}; nothing was done")
@@ -1119,7 +1230,11 @@ class SlurmAdapter:
 
         When the identity check fails (gone, id reused, not ours) nothing is cancelled and
         Stop succeeds. TransientError when the job is still running after the wait.
+        Concurrent Stops share their identity read and their scancel.
         """
+        await self._stop(ref, alone=False)
+
+    async def _stop(self, ref: ObjectRef, *, alone: bool) -> None:
         try:
             job = await self._identified(ref, "stop")
         except ErrNotFound:
@@ -1127,13 +1242,20 @@ class SlurmAdapter:
             return
         if self._observe(job).state is State.ENDED:
             return
-        await self._checked_write("cancel", self._target(ref, job), uid=ref.uid,
-                                  what="scancel")
+        target = self._target(ref, job)
+        if alone:
+            await self._checked_write("cancel", target, uid=ref.uid, what="scancel")
+        else:
+            try:
+                await self._joined_write("cancel", target, uid=ref.uid, what="scancel")
+            except _Alone:
+                await self._stop(ref, alone=True)
+                return
         # bounded by the time slept, not by the clock: an injected clock may stand still
         waited = 0.0
         delay = 0.2
         while True:
-            job_now = await self._read_job(ref.id)
+            job_now = await self._read_ours(ref.id)
             if job_now is None or not self._same_object(ref, job_now) or _ending(
                     self._observe(job_now), job_now):
                 return
@@ -1172,7 +1294,11 @@ class SlurmAdapter:
 
     async def release(self, ref: ObjectRef) -> None:
         """Open the gate (``scontrol release``) and/or lift a dispatch hold
-        (``StartTime=now``). Idempotent; ErrNotFound when the identity check fails."""
+        (``StartTime=now``). Idempotent; ErrNotFound when the identity check fails.
+        Concurrent Releases share their identity read and their ``scontrol release``."""
+        await self._release(ref, alone=False)
+
+    async def _release(self, ref: ObjectRef, *, alone: bool) -> None:
         job = await self._identified(ref, "release")
         obs = self._observe(job)
         if obs.state not in _NOT_STARTED:
@@ -1186,7 +1312,15 @@ class SlurmAdapter:
                     return  # it started meanwhile: released
                 raise error
         if job.reason == "JobHeldUser" and (job.restart_count or 0) == 0:
-            await self._checked_write("release", target, uid=ref.uid, what="scontrol release")
+            if alone:
+                await self._checked_write("release", target, uid=ref.uid,
+                                          what="scontrol release")
+                return
+            try:
+                await self._joined_write("release", target, uid=ref.uid,
+                                         what="scontrol release")
+            except _Alone:
+                await self._release(ref, alone=True)
 
     async def requeue(self, ref: ObjectRef) -> None:
         """``scontrol requeue`` of ``ref``'s object. ErrConflict when it is pending;

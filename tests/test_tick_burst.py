@@ -1,0 +1,124 @@
+"""Bounded ticks (issue 13): a burst of new rows is submitted ``submit_slice`` per tick,
+the next tick follows at once (``replan_soon``), a row written during the burst goes in
+the next slice (new rows first), other work (a stop) is not held up by the burst, a
+tick past its time budget leaves the remaining chunks to the next tick, and nothing is
+submitted twice or written for the jobs left over. ``bench/burst`` measures it on the
+real cluster."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from controller.metrics import Metrics
+from controller.model.ids import new_job_id
+from controller.model.job import Desired
+from controller.model.obs import State
+from controller.reconcile.tick import Reconciler, TickReport, TickSettings
+from controller.store import repo
+from controller.store.db import Store
+from controller.store.models import JobStatus
+from tests.fakeslurm import FakeSlurm
+
+DOC = {"command": ["true"], "workdir": "/tmp"}
+NOW = 1_800_000_000
+
+
+def add(store: Store, n: int) -> list[str]:
+    ids = sorted(str(new_job_id()) for _ in range(n))
+    with store.transaction() as tx:
+        for job_id in ids:
+            repo.insert_job(tx, job_id=job_id, document=DOC, now=1)
+    return ids
+
+
+def submitted(fake: FakeSlurm) -> list[str]:
+    """Dispatch job ids in the order their Slurm jobs were made."""
+    return [fake.jobs[sid].obs.ref.uid[3:] for sid in sorted(fake.jobs)]
+
+
+def with_status(store: Store) -> set[str]:
+    """The jobs that have a status row (any written status)."""
+    with store.transaction() as tx:
+        return set(tx.scalars(select(JobStatus.job_id)))
+
+
+def rec(store: Store, fake: FakeSlurm, clock: list[int], *, budget_s: float | None = None,
+        **settings: int) -> Reconciler:
+    return Reconciler(store, fake, metrics=Metrics(), clock=lambda: clock[0],
+                      settings=TickSettings(**settings), budget_s=budget_s)
+
+
+async def test_a_burst_is_submitted_a_slice_per_tick_each_once(sqlite_store: Store) -> None:
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    burst = add(sqlite_store, 10)
+    r = rec(sqlite_store, fake, clock, submit_slice=4)
+    reports: list[TickReport] = []
+    while len(fake.jobs) < 10 and len(reports) < 10:
+        reports.append(await r.tick())
+    assert [rep.actions["submit"] for rep in reports] == [4, 4, 2]
+    assert [rep.deferred for rep in reports] == [6, 2, 0]
+    assert [rep.replan_soon for rep in reports] == [True, True, False]
+    assert submitted(fake) == burst  # in order, each once
+    assert fake.calls.count("start") == 10
+    assert fake.calls.count("release") == 10
+
+
+async def test_the_jobs_left_for_the_next_tick_get_no_status_written(
+        sqlite_store: Store) -> None:
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    burst = add(sqlite_store, 6)
+    r = rec(sqlite_store, fake, clock, submit_slice=2)
+    await r.tick()
+    assert with_status(sqlite_store) == set(burst[:2])
+
+
+async def test_a_row_written_during_a_burst_goes_in_the_next_slice(sqlite_store: Store) -> None:
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    burst = add(sqlite_store, 12)
+    r = rec(sqlite_store, fake, clock, submit_slice=3)
+    await r.tick()
+    late = add(sqlite_store, 1)[0]
+    report = await r.tick()
+    assert report.actions["submit"] == 3
+    assert submitted(fake)[3] == late  # first of the second slice, ahead of 9 older rows
+    while len(fake.jobs) < 13:
+        await r.tick()
+    assert sorted(submitted(fake)) == sorted([*burst, late])
+
+
+async def test_a_stop_is_acted_on_while_a_burst_waits(sqlite_store: Store) -> None:
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    first = add(sqlite_store, 1)[0]
+    r = rec(sqlite_store, fake, clock, submit_slice=2)
+    await r.tick()
+    fake.run_all_pending()
+    add(sqlite_store, 10)
+    with sqlite_store.transaction() as tx:
+        assert repo.set_desired(tx, [first], Desired.STOPPED, now=clock[0]) == 1
+    report = await r.tick()
+    assert report.actions["cancel"] == 1 and report.actions["submit"] == 2
+    assert next(iter(fake.jobs.values())).obs.state is State.ENDED
+
+
+async def test_a_tick_past_its_budget_leaves_the_other_chunks_to_the_next(
+        sqlite_store: Store) -> None:
+    """budget 0: each tick plans its first chunk (the first always goes), then leaves the
+    rest, says so, and asks for the next tick at once; in the end each job is submitted
+    once."""
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    burst = add(sqlite_store, 7)
+    r = rec(sqlite_store, fake, clock, budget_s=0.0, plan_chunk=3)
+    reports: list[TickReport] = []
+    while len(fake.jobs) < 7 and len(reports) < 20:
+        reports.append(await r.tick())
+    assert len(fake.jobs) == 7, [rep.actions for rep in reports]
+    assert all(rep.planned <= 3 for rep in reports)
+    assert reports[0].planned == 3 and reports[0].deferred == 4
+    assert all(rep.replan_soon for rep in reports if rep.deferred)
+    assert sorted(submitted(fake)) == sorted(burst)
+    assert fake.calls.count("start") == 7
