@@ -24,6 +24,7 @@ import enum
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from controller.model import identity
 from controller.model.job import (
     PHASE_OF_STATE,
     TERMINAL_PHASES,
@@ -156,19 +157,13 @@ class Plan:
 
 
 def same_object(ref: ObjectRef, obs: ObjectObs) -> bool:
-    """The identity check of SPEC §2, against an observation.
-
-    Slurm moves the submit time when it requeues a job: a later submit time is the same
-    object when the restart count says it was requeued, or when the restart count is
-    unknown (``None``: an accounting record, which the adapter matched to ``ref`` by
-    following the requeue chain of ``ref.id``, ``pick_record``)."""
-    if obs.ref.id != ref.id or obs.ref.uid != ref.uid:
-        return False
-    submit = obs.submit if obs.submit is not None else obs.ref.submit
-    if submit == ref.submit:
-        return True
-    restarts = obs.restart_count
-    return (restarts is None or restarts > 0) and submit >= ref.submit
+    """The identity check of SPEC §2 (``controller.model.identity``), against an
+    observation. The SLUID is not passed: the planner's check has never compared it
+    (the adapter's has, and ``pick_record`` does for an accounting record)."""
+    return identity.same_object(
+        ref, job_id=obs.ref.id, name=obs.ref.uid,
+        submit=obs.submit if obs.submit is not None else obs.ref.submit,
+        restart_count=obs.restart_count)
 
 
 def counts_as_ended(obs: ObjectObs) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Final
 
 from controller.errors import ProtocolError
@@ -75,15 +75,20 @@ SQUEUE_TEXT_COLUMNS: Final = (
     "EligibleTime", "StartTime", "EndTime", "PreemptTime", "TimeLimit", "Requeue",
     "RestartCnt", "exit_code", "NodeList", "Cluster", "Comment",
 )
-# The argument of ``squeue -h --states=all -O``: width 0 (":") prints each field whole,
-# and "|" is its suffix, so every row ends with "|".
-SQUEUE_TEXT_FORMAT: Final = ",".join(f"{column}:|" for column in SQUEUE_TEXT_COLUMNS)
+
+
+def squeue_format(columns: tuple[str, ...]) -> str:
+    """The argument of ``squeue -h --states=all -O`` for these columns: width 0 (":")
+    prints each field whole, and "|" is its suffix, so every row ends with "|"."""
+    return ",".join(f"{column}:|" for column in columns)
+
+
+SQUEUE_TEXT_FORMAT: Final = squeue_format(SQUEUE_TEXT_COLUMNS)
 # With Slurm's unique job id, where squeue has it (25.11+; 24.11 and 22.05 refuse the
 # field -- squeue prints an error and NO rows but exits 0 -- so ask only after Preflight
 # found it). Still Comment last.
 SQUEUE_TEXT_COLUMNS_SLUID: Final = (*SQUEUE_TEXT_COLUMNS[:-1], "SLUID", "Comment")
-SQUEUE_TEXT_FORMAT_SLUID: Final = ",".join(f"{column}:|"
-                                           for column in SQUEUE_TEXT_COLUMNS_SLUID)
+SQUEUE_TEXT_FORMAT_SLUID: Final = squeue_format(SQUEUE_TEXT_COLUMNS_SLUID)
 
 SACCT_TEXT_COLUMNS: Final = (
     "JobIDRaw", "JobName", "User", "UID", "State", "Reason", "Submit", "Eligible", "Start",
@@ -167,6 +172,12 @@ _DESCRIPTION_REASONS: Final[tuple[tuple[str, str], ...]] = (
 )
 _REASON_TOKEN_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _REASON_PREFIX_RE = re.compile(r"(?P<reason>[A-Za-z][A-Za-z0-9_]*)[:,]")
+
+
+def utc_text(epoch: int | float) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` in UTC: the form Slurm's clients parse under ``TZ=UTC``
+    (the runners run every command with it), the inverse of ``parse_text_time``."""
+    return datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_text_time(text: str, *, path: str = "time") -> int | None:

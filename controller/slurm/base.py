@@ -1,0 +1,115 @@
+"""What every part of the Slurm adapter shares: its hold on one cluster.
+
+``AdapterBase`` carries the cluster, the user, the capabilities Preflight found, the
+runner, timeout, clock and write guard (``SlurmAdapter``'s constructor sets them), and
+the primitives on them: running a command (``_run``, ``_checked_run``), the write guard,
+the squeue/sacct columns the capabilities allow, the identity check of a job just read
+(``_same_object``) and its classification (``_observe``). The adapter's parts
+(``reads``, ``writes``, ``startbatch``, ``output``, ``preflight``) are mixins over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from controller.errors import DispatchError, ProtocolError
+from controller.model.obs import ObjectObs, ObjectRef, Source
+from controller.runner.base import CommandResult, Runner
+from controller.slurm import dialects, identity, script
+from controller.slurm.capabilities import Capabilities
+from controller.slurm.classify import DEFAULT_SLURM_UIDS, classify
+from controller.slurm.record import SlurmJob
+
+Sleep = Callable[[float], Awaitable[None]]
+
+# Jobs named in one joined identity read (``squeue -j``) or joined write (``scontrol
+# release``, ``scancel``): at most ~8 KiB of ids on a command line.
+JOINED_LIMIT: Final = 512
+
+
+def slurm_failure(result: CommandResult, *, operation: str) -> DispatchError:
+    """``controller.slurm.adapter.slurm_failure``: the error a failed Slurm command means.
+    (Imported when called: the error-text classification still lives in adapter.py,
+    which imports this module.)"""
+    from controller.slurm.adapter import slurm_failure as failure
+    return failure(result, operation=operation)
+
+
+class AdapterBase:
+    """The state and primitives the adapter's parts share (module docstring)."""
+
+    cluster: str
+    user: str
+    capabilities: Capabilities | None
+    _runner: Runner
+    _settings: script.StartSettings
+    _clock: Callable[[], float]
+    _timeout: float
+    _sleep: Sleep
+    # called right before every command that changes Slurm (sbatch, scancel, scontrol
+    # update/release/requeue): raises LeaseLost when this process may no longer write
+    _write_guard: Callable[[], None] | None
+
+    # ------------------------------------------------------------ commands
+
+    async def _run(self, argv: Sequence[str]) -> CommandResult:
+        return await self._runner.run(argv, timeout=self._timeout)
+
+    async def _checked_run(self, argv: Sequence[str], operation: str) -> CommandResult:
+        result = await self._run(argv)
+        if not result.ok:
+            raise slurm_failure(result, operation=operation)
+        return result
+
+    def _now(self) -> int:
+        return int(self._clock())
+
+    def _guard_write(self) -> None:
+        """Raise (``LeaseLost``) when this process may no longer write to Slurm."""
+        if self._write_guard is not None:
+            self._write_guard()
+
+    # ------------------------------------------------------------ SLUID (capabilities)
+    # Only what a successful Preflight found counts: without it, nothing asks for the
+    # SLUID (squeue on 24.11/22.05 answers an unknown field with an error and NO rows,
+    # exit status 0) and every write names the numeric id.
+
+    # Each read takes the columns once, before its command runs, and parses with those:
+    # a Preflight that finishes meanwhile changes the next read, never this one.
+
+    def _squeue_columns(self) -> tuple[str, ...]:
+        caps = self.capabilities
+        if caps is not None and caps.squeue_sluid:
+            return dialects.SQUEUE_TEXT_COLUMNS_SLUID
+        return dialects.SQUEUE_TEXT_COLUMNS
+
+    def _sacct_columns(self) -> tuple[str, ...]:
+        caps = self.capabilities
+        if caps is not None and caps.sacct_sluid:
+            return dialects.SACCT_TEXT_COLUMNS_SLUID
+        return dialects.SACCT_TEXT_COLUMNS
+
+    # ------------------------------------------------------------ jobs read
+
+    def _same_object(self, ref: ObjectRef, job: SlurmJob) -> bool:
+        """SPEC §2's identity check, plus: the job is our user's (``identity.same_job``)."""
+        return identity.same_job(ref, job, cluster=self.cluster, user=self.user)
+
+    def _observe(self, job: SlurmJob, source: Source = Source.LIVE, *,
+                 now: int | None = None) -> ObjectObs:
+        return classify(job, source=source, cluster=self.cluster,
+                        now=self._now() if now is None else now, slurm_uids=self._slurm_uids())
+
+    def _slurm_uids(self) -> frozenset[int]:
+        """Whose cancels are Slurm's own: root, and the SlurmUser preflight found."""
+        caps = self.capabilities
+        if caps is None or caps.slurm_user_uid is None:
+            return DEFAULT_SLURM_UIDS
+        return DEFAULT_SLURM_UIDS | {caps.slurm_user_uid}
+
+    def _ref(self, job: SlurmJob) -> ObjectRef:
+        if job.submit_time is None:
+            raise ProtocolError(f"job {job.job_id} has no submit time")
+        return ObjectRef(cluster=self.cluster, uid=job.name, id=job.job_id,
+                         submit=job.submit_time, sluid=job.sluid)

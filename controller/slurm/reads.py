@@ -1,0 +1,306 @@
+"""Reading jobs: the live queue (squeue) and accounting (sacct), always as text.
+
+``Reads`` (a part of ``SlurmAdapter``) owns the reads: a single id (``_read_job``), the
+identity reads before writes, joined into one ``squeue --me -j`` (``_read_ours``), our
+jobs by name (``_read_mine``), Find and FindMany's one ``squeue --me`` for any number
+of jobs with its memory of the last read's rows (``_classified_rows``), Inspect and
+InspectMany (squeue, then sacct: ``identity.pick_record``). ``our_rows`` keeps only the
+rows that start ``<id>|dj-<ULID>|``: no other job of the user can break a read of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Collection, Sequence
+from typing import Final
+
+from controller.errors import ErrNotFound, ErrUnsupported, ProtocolError
+from controller.model.obs import ObjectObs, ObjectRef, Source
+from controller.slurm import dialects, naming
+from controller.slurm.base import JOINED_LIMIT, AdapterBase, slurm_failure
+from controller.slurm.classify import valid_until
+from controller.slurm.coalesce import Coalescer
+from controller.slurm.dialects import squeue_format, utc_text
+from controller.slurm.identity import pick_record
+from controller.slurm.record import SlurmJob
+
+log = logging.getLogger(__name__)
+
+SACCT_ARG_LIMIT: Final = 100_000  # bytes of the ``-j`` list per sacct call
+
+# A row of ours in squeue/sacct text: the id, then a discovery-shaped name, then '|'.
+_OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
+
+# find_many's memory of one squeue row: (its job id, its observation or None for another
+# user's job, the second it was classified, the second from which it may no longer hold).
+_RowMemo = tuple[str, ObjectObs | None, int, int]
+_FOREVER: Final = 2**63
+
+
+def our_rows(text: str, *, names: Collection[str] | None = None) -> list[str]:
+    """The lines of squeue/sacct text that start ``<id>|dj-<ULID>|`` (and, when ``names``
+    is given, carry one of those names); every other line is not ours and is skipped."""
+    rows: list[str] = []
+    for line in text.splitlines():
+        match = _OUR_ROW.match(line)
+        if match is None or naming.job_id_of_name(match.group(2)) is None:
+            continue
+        if names is not None and match.group(2) not in names:
+            continue
+        rows.append(line)
+    return rows
+
+
+class Reads(AdapterBase):
+    """squeue and sacct reads of one cluster (module docstring)."""
+
+    _identity_reads: Coalescer[int, SlurmJob | None]
+    _live_rows: dict[str, _RowMemo]
+    _valid_ids: list[str]
+
+    def _init_reads(self) -> None:
+        # identity reads of concurrent callers, joined (coalesce)
+        self._identity_reads = Coalescer(self._read_ours_many, limit=JOINED_LIMIT, parallel=2)
+        self._live_rows = {}  # find_many's rows of the last read
+        self._valid_ids = []  # find_many's ids of the last call (checked)
+
+    # ------------------------------------------------------------ live reads
+
+    async def _read_job(self, job_id: int) -> SlurmJob | None:
+        """The job with this id as slurmctld holds it now, when it has a name of ours;
+        None when slurmctld does not know the id or the job there is not named ``dj-…``."""
+        columns = self._squeue_columns()
+        result = await self._run(["squeue", "-h", "-j", str(job_id), "--states=all",
+                                  "-O", squeue_format(columns)])
+        if not result.ok:
+            error = slurm_failure(result, operation=f"squeue -j {job_id}")
+            if isinstance(error, ErrNotFound):
+                return None
+            raise error
+        for line in our_rows(result.stdout):
+            for job in dialects.parse_squeue_text(line + "\n", columns=columns):
+                if job.job_id == job_id:
+                    return job
+        return None
+
+    async def _read_ours(self, job_id: int) -> SlurmJob | None:
+        """The job with this id as slurmctld holds it now when it is ours and named
+        ``dj-…`` (else None), for an identity check before a write: concurrent checks are
+        joined into one command (``_read_ours_many``)."""
+        return await self._identity_reads.call(job_id)
+
+    async def _read_ours_many(self, job_ids: Sequence[int]) -> dict[int, SlurmJob | None]:
+        """Each of ``job_ids`` (one id: ``_read_job``; several: one ``squeue --me -j``,
+        whose job list squeue filters on our user's jobs, one RPC for all)."""
+        if len(job_ids) == 1:
+            return {job_ids[0]: await self._read_job(job_ids[0])}
+        columns = self._squeue_columns()
+        result = await self._run(["squeue", "-h", "--me", "--states=all",
+                                  "-j", ",".join(str(i) for i in job_ids),
+                                  "-O", squeue_format(columns)])
+        if not result.ok:
+            error = slurm_failure(result, operation=f"squeue -j ({len(job_ids)} ids)")
+            if not isinstance(error, ErrNotFound):
+                raise error
+            # an id slurmctld no longer knows made the list fail: each on its own
+            found = await asyncio.gather(*(self._read_job(i) for i in job_ids))
+            return dict(zip(job_ids, found, strict=True))
+        wanted = set(job_ids)
+        jobs: dict[int, SlurmJob | None] = dict.fromkeys(job_ids)
+        for line in our_rows(result.stdout):
+            for job in dialects.parse_squeue_text(line + "\n", columns=columns):
+                if job.job_id in wanted and job.user == self.user:
+                    jobs[job.job_id] = job
+        return jobs
+
+    async def _read_mine(self, *, names: Collection[str],
+                         name_filter: str | None = None) -> list[SlurmJob]:
+        """Every job of ours in slurmctld's memory, any state, whose name is in ``names``
+        (one squeue call; ``name_filter`` narrows it server-side to one name)."""
+        argv = ["squeue", "-h", "--me", "--states=all"]
+        if name_filter is not None:
+            argv.append(f"--name={name_filter}")
+        columns = self._squeue_columns()
+        argv += ["-O", squeue_format(columns)]
+        result = await self._checked_run(argv, "squeue --me")
+        jobs: list[SlurmJob] = []
+        for line in our_rows(result.stdout, names=names):
+            jobs.extend(job for job in dialects.parse_squeue_text(line + "\n", columns=columns)
+                        if job.user == self.user)
+        return jobs
+
+    # ------------------------------------------------------------ accounting reads
+
+    def _accounting_known_off(self) -> bool:
+        return self.capabilities is not None and not self.capabilities.accounting_history
+
+    async def _sacct(self, selection: Sequence[str], *, since: int) -> list[SlurmJob]:
+        """sacct text records (allocations, every record of a reused id) of our rows."""
+        start = min(since, self._now())
+        columns = self._sacct_columns()
+        result = await self._checked_run(
+            ["sacct", "-X", "-D", "-P", "-n", "-o", ",".join(columns),
+             "-S", utc_text(start), *selection], "sacct")
+        jobs: list[SlurmJob] = []
+        for line in our_rows(result.stdout):
+            jobs.extend(job for job in dialects.parse_sacct_text(line + "\n", columns=columns)
+                        if job.user == self.user)
+        return jobs
+
+
+    # ------------------------------------------------------------ Find, Inspect
+
+    async def find(self, job_id: str) -> list[ObjectObs]:
+        """Every live object of dispatch job ``job_id`` (one squeue call)."""
+        return (await self.find_many([job_id]))[job_id]
+
+    async def find_many(self, job_ids: Collection[str], *,
+                        strays: dict[str, list[ObjectObs]] | None = None,
+                        ) -> dict[str, list[ObjectObs]]:
+        """Every live object of each dispatch job, with ONE squeue call for all of them.
+
+        Only our user's jobs whose name is exactly ``dj-<ULID>`` of an asked-for id are
+        returned; a job whose comment is not ours is returned with ``foreign=True``.
+        With ``strays``, the objects named ``dj-<ULID>`` of ids NOT asked for are put there
+        (from the same read): the late objects that no tracked record owns.
+
+        A row byte-identical to one of the previous call's gives back the very same
+        ``ObjectObs`` (its ``observed_at`` is when that row was first classified), unless
+        its classification could have changed with the clock since: a start or end time
+        that was still ahead then and is not now, or a clock that went back (see
+        ``_classified_rows``). Only the rows of the last read are remembered.
+        """
+        ids = list(job_ids)
+        if ids != self._valid_ids:  # usually the very same ids as the last call's
+            for job_id in set(ids).difference(self._valid_ids):
+                naming.discovery_name(job_id)  # ErrInvalid for a malformed id, as ever
+            self._valid_ids = ids
+        found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in ids}
+        if ids or strays is not None:
+            await self._classified_rows(found, strays)
+        return found
+
+    async def _classified_rows(self, found: dict[str, list[ObjectObs]],
+                               strays: dict[str, list[ObjectObs]] | None = None) -> None:
+        """Append to ``found[job id]`` the observation of each row of ours that
+        ``_read_mine(names=<the names of found's ids>)`` would return, reusing the
+        previous read's observation of each byte-identical row while it still holds:
+        parsing and classifying 100k rows every tick would cost more than everything else
+        together.
+
+        A row's observation depends on the clock only through ``classify``'s comparisons
+        of the start and end times with ``now`` (Slurm's estimates are None, a preemption
+        grace ends): it holds from the second it was made until the first of those times
+        that was still ahead. A row that fails to parse raises as before and nothing is
+        remembered of that read.
+        """
+        columns = self._squeue_columns()
+        argv = ["squeue", "-h", "--me", "--states=all", "-O", squeue_format(columns)]
+        result = await self._checked_run(argv, "squeue --me")
+        now = self._now()
+        before = self._live_rows.get
+        remembered: dict[str, _RowMemo] = {}
+        wanted = found.get
+        for line in result.stdout.splitlines():
+            memo = before(line)
+            if memo is None or not memo[2] <= now < memo[3]:
+                match = _OUR_ROW.match(line)
+                if match is None or naming.job_id_of_name(match.group(2)) is None:
+                    continue
+                if strays is None and match.group(2)[len(naming.NAME_PREFIX):] not in found:
+                    continue
+                memo = self._classify_row(line, now, columns)
+            remembered[line] = memo
+            obs = memo[1]
+            if obs is not None:
+                into = wanted(memo[0])
+                if into is not None:
+                    into.append(obs)
+                elif strays is not None:
+                    strays.setdefault(memo[0], []).append(obs)
+        self._live_rows = remembered
+
+    def _classify_row(self, line: str, now: int,
+                      columns: tuple[str, ...] = dialects.SQUEUE_TEXT_COLUMNS) -> _RowMemo:
+        """One squeue row of ours: its job id, its observation (None: another user's job),
+        the second it was made, and the second from which it may no longer hold."""
+        name = ""
+        obs = None
+        until = _FOREVER
+        for job in dialects.parse_squeue_text(line + "\n", columns=columns):
+            if job.user != self.user:
+                continue
+            name = job.name[len(naming.NAME_PREFIX):]
+            obs = self._observe(job, now=now)
+            expires = valid_until(job, now=now)  # classify's own clock rules
+            if expires is not None:
+                until = min(until, expires)
+        return name, obs, now, until
+
+    async def inspect(self, ref: ObjectRef) -> ObjectObs:
+        """The object ``ref`` names, from squeue, or from sacct once it has left squeue.
+
+        ErrNotFound when neither holds it (or accounting is off and squeue does not).
+        A sacct record that is still pending or running is refused (ProtocolError).
+        """
+        if ref.cluster != self.cluster:
+            raise ErrNotFound(f"inspect: ref of cluster {ref.cluster}, not {self.cluster}")
+        job = await self._read_job(ref.id)
+        before = None
+        if job is not None:
+            if self._same_object(ref, job):
+                return self._observe(job)
+            if job.submit_time is not None and job.submit_time > ref.submit:
+                before = job.submit_time  # the id was reused: later records are not ours
+        if self._accounting_known_off():
+            raise ErrNotFound(f"inspect: job {ref.id} ({ref.uid}) is not in squeue and "
+                              "accounting is off")
+        try:
+            records = await self._sacct(["-j", str(ref.id)], since=ref.submit)
+        except ErrUnsupported as exc:
+            raise ErrNotFound(f"inspect: job {ref.id} ({ref.uid}) is not in squeue and "
+                              f"accounting is unavailable: {exc}") from exc
+        record = pick_record(ref, records, user=self.user, before=before)
+        if record is None:
+            raise ErrNotFound(f"inspect: no job {ref.id} named {ref.uid} submitted at "
+                              f"{ref.submit} in squeue or sacct")
+        return self._observe(record, Source.ACCOUNTING)
+
+    async def inspect_many(self, refs: Sequence[ObjectRef], *,
+                           since: int) -> dict[ObjectRef, ObjectObs]:
+        """Accounting observations of objects that left squeue: ONE sacct call (per
+        ~100 KB of ids). Refs with no record of their own (or a record sacct cannot
+        classify yet) are left out. ErrUnsupported without accounting."""
+        if self._accounting_known_off():
+            raise ErrUnsupported("inspect_many: this cluster has no accounting history")
+        ours = [ref for ref in refs if ref.cluster == self.cluster]
+        ids = sorted({ref.id for ref in ours})
+        if not ids:
+            return {}
+        records: dict[int, list[SlurmJob]] = {}
+        chunk: list[str] = []
+        size = 0
+        chunks: list[list[str]] = []
+        for job_id in map(str, ids):
+            if chunk and size + len(job_id) + 1 > SACCT_ARG_LIMIT:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(job_id)
+            size += len(job_id) + 1
+        chunks.append(chunk)
+        for part in chunks:
+            for row in await self._sacct(["-j", ",".join(part)], since=since):
+                records.setdefault(row.job_id, []).append(row)
+        observed: dict[ObjectRef, ObjectObs] = {}
+        for ref in ours:
+            record = pick_record(ref, records.get(ref.id, ()), user=self.user)
+            if record is None:
+                continue
+            try:
+                observed[ref] = self._observe(record, Source.ACCOUNTING)
+            except ProtocolError as exc:
+                log.info("accounting record not classifiable yet",
+                         extra={"slurm_id": ref.id, "uid": ref.uid, "error": str(exc)})
+        return observed

@@ -1,0 +1,1 @@
+exec cat -- "$HOME"/'dispatch out/s2.manifest'

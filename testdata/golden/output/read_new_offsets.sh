@@ -1,0 +1,18 @@
+cd -- "$HOME"/'out dir' 2>/dev/null || exit 0
+for f in 'job'"'"'s s1-'*.err; do
+ [ -f "$f" ] || continue
+ case $f in *"
+"*) continue ;; esac
+ off=0
+ case $f in
+  'job'"'"'s s1-7.err') off=4096 ;;
+  'job'"'"'s s1-7.r1.err') off=12 ;;
+ esac
+ size=$(wc -c <"$f") || continue
+ n=$((size - off))
+ [ "$n" -gt 4194304 ] && n=4194304
+ [ "$n" -lt 0 ] && n=0
+ printf '%s %s %s\n' "$off" "$n" "$f"
+ if [ "$n" -gt 0 ]; then tail -c +$((off + 1)) -- "$f" | head -c "$n" | base64 | tr -d '\n'; fi
+ printf '\n'
+done
