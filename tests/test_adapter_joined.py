@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from controller.coalesce import Coalescer
 from controller.errors import ErrNotFound
 from controller.model.obs import ObjectRef, State
 from controller.runner import CommandResult, Runner
-from controller.slurm.coalesce import Coalescer
 from tests.slurm_fixtures import *  # noqa: F403
 from tests.slurm_fixtures import (
     SlurmEnv,

@@ -54,6 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.coalesce import Coalescer
 from controller.errors import (
     DispatchError,
     ErrBackPressure,
@@ -157,6 +158,8 @@ class Reconciler:
         self._epoch = 0  # moves when a plan input shared by every job changes
         self._epoch_key: tuple[object, ...] | None = None
         self._warned = False
+        # the refs of Submits that return together are recorded in one transaction
+        self._records: Coalescer[_Recorded, bool] = Coalescer(self._record_many, limit=256)
 
     def forget(self) -> None:
         """Drop everything remembered across ticks: the next tick loads every job and
@@ -685,12 +688,7 @@ class Reconciler:
         # Record the ref only while this submission is still the job's current intent, and
         # only under our lease epoch (LeaseLost: write nothing more, to Slurm either: the
         # next leader adopts the gated object or cancels it).
-        with self._write() as tx:
-            recorded = repo.record_submitted(tx, action.job_id, action.submission, ref)
-            if recorded:
-                repo.add_event(tx, action.job_id, "Submitted",
-                               f"submission {action.submission} is Slurm job {ref.id}",
-                               now=self.now())
+        recorded = await self._records.call((action.job_id, action.submission, ref))
         if not recorded:
             # the intent was abandoned or replaced meanwhile: this gated object is a
             # duplicate; it is cancelled, never released
@@ -702,6 +700,21 @@ class Reconciler:
             return
         if action.release:
             await self.adapter.release(ref)
+
+    async def _record_many(self, keys: Sequence[_Recorded]) -> dict[_Recorded, bool]:
+        """Record the refs of the Submits that returned together, in one fenced
+        transaction (a burst's Start batch returns 32 at once): for each, whether it is
+        still its job's current intent (``repo.record_submitted``)."""
+        recorded: dict[_Recorded, bool] = {}
+        with self._write() as tx:
+            for key in keys:
+                job_id, submission, ref = key
+                recorded[key] = repo.record_submitted(tx, job_id, submission, ref)
+                if recorded[key]:
+                    repo.add_event(tx, job_id, "Submitted",
+                                   f"submission {submission} is Slurm job {ref.id}",
+                                   now=self.now())
+        return recorded
 
     def _fail_submission(self, job: JobState, action: Submit, exc: DispatchError) -> None:
         """sbatch refused (ErrInvalid/ErrUnsupported) or deferred (ErrBackPressure) the
@@ -802,6 +815,9 @@ class _Todo:
     needs_accounting: bool = False  # its current object is not in squeue
     outcomes: tuple[Outcome, ...] = ()  # the action outcomes its plan was given
 
+
+# a Submit's ref to record: (job id, submission number, the ref Start returned)
+_Recorded = tuple[str, int, ObjectRef]
 
 _NO_OBS: tuple[ObjectObs, ...] = ()
 _STEADY = frozenset({State.PENDING, State.RUNNING})

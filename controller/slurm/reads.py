@@ -16,12 +16,12 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Final
 
+from controller.coalesce import Coalescer
 from controller.errors import ErrNotFound, ErrUnsupported, ProtocolError
 from controller.model.obs import ObjectObs, ObjectRef, Source
 from controller.slurm import dialects, naming
 from controller.slurm.base import JOINED_LIMIT, AdapterBase, slurm_failure
 from controller.slurm.classify import valid_until
-from controller.slurm.coalesce import Coalescer
 from controller.slurm.dialects import squeue_format, utc_text
 from controller.slurm.identity import pick_record
 from controller.slurm.record import SlurmJob

@@ -16,12 +16,12 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
+from controller.coalesce import Coalescer
 from controller.errors import ErrConflict, ErrInvalid, ErrNotFound, ProtocolError, TransientError
 from controller.model.obs import ObjectObs, ObjectRef, State
 from controller.runner.base import CommandResult
 from controller.slurm import holds, naming
 from controller.slurm.base import JOINED_LIMIT, slurm_failure
-from controller.slurm.coalesce import Coalescer
 from controller.slurm.dialects import utc_text
 from controller.slurm.identity import write_target
 from controller.slurm.reads import Reads

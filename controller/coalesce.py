@@ -1,11 +1,12 @@
-"""Joining concurrent per-job calls into one command: the batching of identity reads and
-of writes (release, cancel) that many jobs need at once.
+"""Joining concurrent per-job calls into one batched call: the adapter's identity reads
+and writes (release, cancel) and the tick's recording of new refs, that many jobs need
+at once in a burst. Pure asyncio: nothing here knows Slurm or the database.
 
 A ``Coalescer`` takes keys from callers that ask in the same event-loop iteration (the
 tick runs a job's actions concurrently, so a burst's releases arrive together) and
 hands them, at most ``limit`` at a time and at most ``parallel`` batches in flight, to
 one ``run`` call, which answers each key with a value or an exception. Every caller
-still gets its own answer; a key asked twice is run once. Nothing here knows Slurm.
+still gets its own answer; a key asked twice is run once.
 """
 
 from __future__ import annotations
