@@ -301,8 +301,13 @@ class Reconciler:
                 if any(isinstance(action, Submit) for action in p.actions):
                     if slots == 0:
                         # past this tick's submit slice: the plan is dropped unwritten
-                        # (plan is pure: the next tick, at once, makes it again)
+                        # (plan is pure: the next tick, at once, makes it again, from
+                        # the row as validated now unless the row moves)
                         report.deferred += 1
+                        state = job.state
+                        if state.spec is not None:
+                            self._carried[item.job_id] = (
+                                job.version, (state.spec, state.policy, state.desired))
                         item.row = None
                         continue
                     slots -= 1
