@@ -18,8 +18,8 @@ owns three things nothing else may do:
   recorded a SLUID must match it: a stale ref can touch no other job even if the check
   above were wrong. 24.11 records the SLUID in sacct only (read, never written by);
   22.05 has none;
-* **error mapping**: Slurm's messages become ``controller.errors`` here, once, in
-  ``slurm_failure``; no other module matches Slurm's text.
+* **error mapping**: Slurm's messages become ``controller.errors`` once, in
+  ``failures.slurm_failure``; no other module matches Slurm's text.
 
 ``SlurmAdapter`` is the facade; each concern has a module of its own (pure ones do no
 I/O and are import-linter's "Pure core"):
@@ -35,7 +35,7 @@ I/O and are import-linter's "Pure core"):
   sh scripts (golden-tested);
 * ``stats`` (pure): cluster statistics;
 * ``base``: what the parts share (runner, clock, write guard, columns);
-* here, for now: the error mapping (``slurm_failure``).
+* ``failures``: the error mapping (``slurm_failure``), one table of Slurm's messages.
 
 Writes of many jobs
 -------------------
@@ -114,24 +114,14 @@ command with ``TZ=UTC`` and this module formats every time it sends as UTC
 from __future__ import annotations
 
 import asyncio
-import enum
-import re
 import time
 from collections.abc import Callable
-from typing import Final
 
 from controller.errors import (
-    CommandFailed,
-    DispatchError,
-    ErrBackPressure,
-    ErrConflict,
     ErrInvalid,
-    ErrNotFound,
-    ErrUnsupported,
-    TransientError,
 )
 from controller.reconcile.ports import ClusterStats
-from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, CommandResult, Runner
+from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, Runner
 from controller.slurm import script, stats
 from controller.slurm.base import JOINED_LIMIT, Sleep
 from controller.slurm.capabilities import (
@@ -150,6 +140,7 @@ from controller.slurm.capabilities import (
 )
 from controller.slurm.dialects import squeue_format as _squeue_format
 from controller.slurm.dialects import utc_text
+from controller.slurm.failures import RATE_LIMIT_RETRY_S, slurm_failure
 from controller.slurm.identity import pick_record
 from controller.slurm.output import Outputs, Stream
 from controller.slurm.output_scripts import MISSING_PATHS_SCRIPT_LIMIT, OUTPUT_CHUNK
@@ -199,111 +190,6 @@ __all__ = [
     "slurm_failure",
     "utc_text",
 ]
-
-
-# --------------------------------------------------------------------------------------
-# Error mapping: the one place that reads Slurm's messages
-
-
-class _Kind(enum.Enum):
-    BACK_PRESSURE = "back-pressure"
-    RATE_LIMITED = "rate-limited"
-    TRANSIENT = "transient"
-    NOT_FOUND = "not-found"
-    CONFLICT = "conflict"
-    UNSUPPORTED = "unsupported"
-    INVALID = "invalid"
-
-
-# First match wins; transient first, because "Batch job submission failed: Unable to
-# contact slurm controller" is about reaching Slurm, not about the request. Submit limits
-# (a count of jobs that frees itself as jobs leave) are back-pressure: sbatch prints the
-# limit's reason on a line of its own, then the generic policy message (recorded on
-# 22.05.8 with AccountingStorageEnforce=limits: AssocMaxSubmitJobLimit,
-# QOSMaxSubmitJobPerUserLimit, AssocGrpSubmitJobsLimit). A per-job size or time limit
-# (``...PerJob...``, ``...WallDuration...``) never frees itself: invalid. The generic
-# message alone says "job submit limit" first and is taken as back-pressure: a wrong guess
-# there keeps the intent backing off (visible) instead of failing a job that would run.
-#
-# slurmctld's RPC rate limit (SlurmctldParameters=rl_enable, 23.02+) answers a limited
-# RPC with SLURMCTLD_COMMUNICATIONS_BACKOFF, "Rate limit exceeded, please retry
-# momentarily"; libslurm sleeps (1 s, then 2 s, ... per refusal) and sends it again, so
-# the command only takes longer and prints nothing. Its sibling
-# SLURMCTLD_COMMUNICATIONS_HARD_DROP, "Rate limit exceeded, please retry later" (a full
-# RPC queue, ``enable_rpc_queue``), is not retried and reaches stderr. Either is
-# back-pressure: the RPC was refused before it was processed (nothing was created or
-# changed), the command may be run again after a pause.
-RATE_LIMIT_RETRY_S: Final = 2.0
-_FAILURES: Final[tuple[tuple[re.Pattern[str], _Kind], ...]] = tuple(
-    (re.compile(pattern), kind) for pattern, kind in (
-        (r"Unable to contact slurm controller", _Kind.TRANSIENT),
-        (r"Rate limit exceeded, please retry", _Kind.RATE_LIMITED),
-        (r"\b(?:Assoc|QOS)\w*SubmitJobs?\w*Limit\b", _Kind.BACK_PRESSURE),
-        (r"\b(?:Assoc|QOS)\w*(?:PerJob|PerNode|WallDuration|Min\w+)\w*Limit\b", _Kind.INVALID),
-        (r"Job violates accounting/QOS policy \(job submit limit", _Kind.BACK_PRESSURE),
-        (r"Slurm job queue full", _Kind.BACK_PRESSURE),
-        (r"Socket timed out", _Kind.TRANSIENT),
-        (r"backup controller in standby mode", _Kind.TRANSIENT),
-        (r"Unable to create job record, try again", _Kind.TRANSIENT),
-        (r"temporarily unable to accept job", _Kind.TRANSIENT),
-        (r"can not be altered now, try again later", _Kind.TRANSIENT),
-        (r"Job creation temporarily disabled", _Kind.TRANSIENT),
-        (r"Resource temporarily unavailable", _Kind.TRANSIENT),
-        (r"Zero Bytes were transmitted or received", _Kind.TRANSIENT),
-        (r"Communication connection failure", _Kind.TRANSIENT),
-        (r"Problem talking to the database", _Kind.TRANSIENT),
-        (r"Connection refused", _Kind.TRANSIENT),
-        (r"Transport endpoint is not connected", _Kind.TRANSIENT),
-        (r"Unexpected message received", _Kind.TRANSIENT),  # scontrol, slurmctld down
-        (r"Invalid job id specified", _Kind.NOT_FOUND),
-        (r"Job is no longer pending execution", _Kind.CONFLICT),
-        (r"Job is pending execution", _Kind.CONFLICT),
-        (r"Job/step already completing or completed", _Kind.CONFLICT),
-        (r"Requested operation is presently disabled", _Kind.UNSUPPORTED),
-        (r"Requested operation not supported on this system", _Kind.UNSUPPORTED),
-        (r"Only batch jobs are accepted or processed", _Kind.UNSUPPORTED),
-        (r"accounting storage is disabled", _Kind.UNSUPPORTED),
-        (r"Batch job submission failed: (Invalid|Requested|Node count|CPU count|Memory"
-         r"|Time limit|Pathname|Job violates|More processors)", _Kind.INVALID),
-        (r"breached requested QOS usage threshold", _Kind.INVALID),
-        (r"sbatch: error: ([Ii]nvalid|Memory specification can not be satisfied"
-         r"|Unable to allocate)", _Kind.INVALID),
-    )
-)
-
-
-def slurm_failure(result: CommandResult, *, operation: str) -> DispatchError:
-    """The error a failed Slurm command means (slurm-reference §4.7), for ``raise``.
-
-    Unreachable slurmctld or slurmdbd, and a missing command on the host, are transient;
-    an unrecognised failure is ``CommandFailed`` carrying the command's stderr.
-    """
-    text = (result.stderr + "\n" + result.stdout).strip()
-    detail = " ".join(text.split())[:500] or f"exit status {result.returncode}"
-    message = f"{operation}: {detail}"
-    if result.returncode in (126, 127):
-        return TransientError(f"{operation}: command not usable on the Slurm host: {detail}",
-                              retry_after=60.0)
-    for pattern, kind in _FAILURES:
-        if pattern.search(text):
-            match kind:
-                case _Kind.BACK_PRESSURE:
-                    return ErrBackPressure(message)
-                case _Kind.RATE_LIMITED:
-                    return ErrBackPressure(message, retry_after=RATE_LIMIT_RETRY_S)
-                case _Kind.TRANSIENT:
-                    return TransientError(message)
-                case _Kind.NOT_FOUND:
-                    return ErrNotFound(message)
-                case _Kind.CONFLICT:
-                    return ErrConflict(message)
-                case _Kind.UNSUPPORTED:
-                    return ErrUnsupported(message)
-                case _Kind.INVALID:
-                    return ErrInvalid(message)
-    return CommandFailed(message, argv=result.argv, returncode=result.returncode,
-                         stderr=result.stderr)
-
 
 
 # --------------------------------------------------------------------------------------

@@ -13,27 +13,30 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
-from controller.errors import DispatchError, ProtocolError
+from controller.errors import ProtocolError
 from controller.model.obs import ObjectObs, ObjectRef, Source
 from controller.runner.base import CommandResult, Runner
 from controller.slurm import dialects, identity, script
 from controller.slurm.capabilities import Capabilities
 from controller.slurm.classify import DEFAULT_SLURM_UIDS, classify
+from controller.slurm.failures import slurm_failure
 from controller.slurm.record import SlurmJob
 
 Sleep = Callable[[float], Awaitable[None]]
 
-# Jobs named in one joined identity read (``squeue -j``) or joined write (``scontrol
-# release``, ``scancel``): at most ~8 KiB of ids on a command line.
+# Jobs named in one joined identity read (``squeue -j``: one RPC however many): at most
+# ~8 KiB of ids on a command line.
 JOINED_LIMIT: Final = 512
-
-
-def slurm_failure(result: CommandResult, *, operation: str) -> DispatchError:
-    """``controller.slurm.adapter.slurm_failure``: the error a failed Slurm command means.
-    (Imported when called: the error-text classification still lives in adapter.py,
-    which imports this module.)"""
-    from controller.slurm.adapter import slurm_failure as failure
-    return failure(result, operation=operation)
+# Jobs named in one joined write: ``scontrol release`` and ``scancel`` send one RPC per
+# job, so such a command is given PER_JOB_RPC_S more time per extra job (below), and
+# kept to this many jobs, which bounds its timeout.
+JOINED_WRITE_LIMIT: Final = 64
+# Extra seconds a command gets for each further RPC it makes (a Start batch: an sbatch
+# per script; a joined write: an update per job). With slurmctld's RPC rate limit on
+# (rl_enable) the client library sleeps and resends a refused RPC without failing: ~1 s
+# per refusal at the least, 2 RPC-seconds per sbatch when the bucket is empty (measured
+# on 24.11 and 26.05, tests/test_e2e_rate_limit.py).
+PER_JOB_RPC_S: Final = 2.0
 
 
 class AdapterBase:

@@ -17,7 +17,7 @@ from typing import Literal
 from controller.errors import ErrInvalid, ErrNotFound, ProtocolError
 from controller.model.obs import ObjectRef, State
 from controller.slurm import naming, output_scripts, script
-from controller.slurm.base import slurm_failure
+from controller.slurm.failures import slurm_failure
 from controller.slurm.reads import Reads
 
 Stream = Literal["stdout", "stderr"]

@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 from controller.errors import TransientError
 from controller.slurm import script
-from controller.slurm.base import AdapterBase, slurm_failure
+from controller.slurm.base import AdapterBase
 from controller.slurm.capabilities import (
     REQUIRED_COMMANDS,
     SUPPORTED_MAX,
@@ -29,6 +29,7 @@ from controller.slurm.capabilities import (
     preflight_problems,
 )
 from controller.slurm.dialects import utc_text
+from controller.slurm.failures import slurm_failure
 
 log = logging.getLogger(__name__)
 

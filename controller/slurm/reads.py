@@ -20,9 +20,10 @@ from controller.coalesce import Coalescer
 from controller.errors import ErrNotFound, ErrUnsupported, ProtocolError
 from controller.model.obs import ObjectObs, ObjectRef, Source
 from controller.slurm import dialects, naming
-from controller.slurm.base import JOINED_LIMIT, AdapterBase, slurm_failure
+from controller.slurm.base import JOINED_LIMIT, AdapterBase
 from controller.slurm.classify import valid_until
 from controller.slurm.dialects import squeue_format, utc_text
+from controller.slurm.failures import slurm_failure
 from controller.slurm.identity import pick_record
 from controller.slurm.record import SlurmJob
 

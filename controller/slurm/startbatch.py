@@ -25,8 +25,9 @@ from controller.errors import DispatchError, ErrBackPressure, ProtocolError, Tra
 from controller.model.obs import ObjectRef, StartRequest
 from controller.runner.base import CommandResult
 from controller.slurm import dialects, naming, script
-from controller.slurm.base import slurm_failure
+from controller.slurm.base import PER_JOB_RPC_S
 from controller.slurm.dialects import squeue_format
+from controller.slurm.failures import slurm_failure
 from controller.slurm.reads import Reads, our_rows
 from controller.slurm.record import SlurmJob
 
@@ -269,7 +270,7 @@ class Starts(Reads):
         try:
             columns = self._squeue_columns()
             text = batch_script([item.text for item in batch], squeue_format(columns))
-            timeout = self._timeout + 2.0 * (len(batch) - 1)
+            timeout = self._timeout + PER_JOB_RPC_S * (len(batch) - 1)
             self._guard_write()  # the batch may have waited: the last moment to refuse
             try:
                 result = await self._runner.run_script(text, timeout=timeout)

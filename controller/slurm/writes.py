@@ -21,8 +21,9 @@ from controller.errors import ErrConflict, ErrInvalid, ErrNotFound, ProtocolErro
 from controller.model.obs import ObjectObs, ObjectRef, State
 from controller.runner.base import CommandResult
 from controller.slurm import holds, naming
-from controller.slurm.base import JOINED_LIMIT, slurm_failure
+from controller.slurm.base import JOINED_WRITE_LIMIT, PER_JOB_RPC_S
 from controller.slurm.dialects import utc_text
+from controller.slurm.failures import slurm_failure
 from controller.slurm.identity import write_target
 from controller.slurm.reads import Reads
 from controller.slurm.record import SlurmJob
@@ -50,7 +51,7 @@ class Writes(Reads):
 
     def _init_writes(self) -> None:
         # releases/cancels of concurrent callers, joined (coalesce)
-        self._joined_writes = Coalescer(self._run_joined_writes, limit=JOINED_LIMIT,
+        self._joined_writes = Coalescer(self._run_joined_writes, limit=JOINED_WRITE_LIMIT,
                                         parallel=2)
 
     def _target(self, ref: ObjectRef, job: SlurmJob) -> str:
@@ -153,8 +154,8 @@ class Writes(Reads):
             case _:
                 raise ErrInvalid(f"no joined write {operation!r}", field="operation")
         self._guard_write()
-        return await self._run(argv)
-
+        timeout = self._timeout + PER_JOB_RPC_S * (len(targets) - 1)
+        return await self._runner.run(argv, timeout=timeout)
 
     async def stop(self, ref: ObjectRef) -> None:
         """Cancel ``ref``'s object by name AND id, then confirm it ended (~10 s).
