@@ -214,10 +214,17 @@ def test_every_dashboard_and_alert_expression_against_a_live_daemon(
         for metric in ("dispatch_action_errors_total", "dispatch_job_endings_total"):
             wait_for(lambda m=metric: bool(prom.query(m, "wait")), timeout=60,
                      what=f"{metric} scraped")
-        # enough samples in every rate() window
+        # enough samples in every rate() window: two of each counter the flow made, the
+        # newest series too (a resubmission's series appears with its first increment,
+        # and rate() over it is empty until a second scrape; seen once in CI)
         wait_for(lambda: bool(prom.query(
             f"rate(dispatch_ticks_total[{RATE_INTERVAL}]) > 0", "wait")),
             timeout=60, what=f"a rate over {RATE_INTERVAL}")
+        for family in ("dispatch_resubmissions_total", "dispatch_action_errors_total",
+                       "dispatch_job_endings_total"):
+            wait_for(lambda f=family: bool(prom.query(
+                f"rate({f}[{RATE_INTERVAL}])", "wait")),
+                timeout=60, what=f"two samples of {family} within {RATE_INTERVAL}")
 
         # ---- the dashboard
         empty = []
