@@ -9,7 +9,7 @@ version matrix (numeric ids on 22.05 and 24.11, SLUIDs on 26.05)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -101,6 +101,16 @@ class Recording:
 N = 4
 
 
+@pytest.fixture
+async def recorded(slurm: SlurmEnv) -> AsyncIterator[tuple[Recording, Any]]:
+    """An adapter of the version's cluster whose commands are noted (``Recording``)."""
+    runner = Recording(runner_for(slurm))
+    try:
+        yield runner, make_adapter(slurm, runner)  # type: ignore[arg-type]
+    finally:
+        await runner.close()
+
+
 async def _ours_and_a_reused_id(slurm: SlurmEnv, jobs: Tracker, adapter: Any
                                 ) -> tuple[list[ObjectRef], ObjectRef, str]:
     """N gated jobs of ours, and a ref of ours whose id another user's held job (named
@@ -124,9 +134,9 @@ def _their_row(theirs: str) -> str:
 @pytest.mark.slurm
 @matrix
 async def test_joined_release_writes_ours_and_nothing_else(slurm: SlurmEnv,
-                                                           jobs: Tracker) -> None:
-    runner = Recording(runner_for(slurm))
-    adapter = make_adapter(slurm, runner)  # type: ignore[arg-type]
+                                                           jobs: Tracker,
+        recorded: tuple[Recording, Any]) -> None:
+    runner, adapter = recorded
     try:
         refs, stale, theirs = await _ours_and_a_reused_id(slurm, jobs, adapter)
         before = _their_row(theirs)
@@ -149,15 +159,14 @@ async def test_joined_release_writes_ours_and_nothing_else(slurm: SlurmEnv,
         assert _their_row(theirs) == before  # still held: never written
     finally:
         as_root("scancel", theirs, check=False)
-        await runner.close()
 
 
 @pytest.mark.slurm
 @matrix
 async def test_joined_stop_cancels_ours_and_nothing_else(slurm: SlurmEnv,
-                                                         jobs: Tracker) -> None:
-    runner = Recording(runner_for(slurm))
-    adapter = make_adapter(slurm, runner)  # type: ignore[arg-type]
+                                                         jobs: Tracker,
+        recorded: tuple[Recording, Any]) -> None:
+    runner, adapter = recorded
     try:
         refs, stale, theirs = await _ours_and_a_reused_id(slurm, jobs, adapter)
         before = _their_row(theirs)
@@ -172,13 +181,13 @@ async def test_joined_stop_cancels_ours_and_nothing_else(slurm: SlurmEnv,
         assert _their_row(theirs) == before
     finally:
         as_root("scancel", theirs, check=False)
-        await runner.close()
 
 
 @pytest.mark.slurm
 @matrix
 async def test_a_failed_joined_release_checks_each_again(slurm: SlurmEnv,
-                                                         jobs: Tracker) -> None:
+                                                         jobs: Tracker,
+        recorded: tuple[Recording, Any]) -> None:
     """A job of the list is purged between its identity read and the joined release (here
     an id slurmctld does not know is added to the list), and the command fails. Which job
     failed is not read from the text: each is checked again and written alone only if it
@@ -186,32 +195,28 @@ async def test_a_failed_joined_release_checks_each_again(slurm: SlurmEnv,
     specified"): nothing is written again. 26.05 refuses a SLUID list with an unknown
     SLUID whole (tried on 26.05.5): each of ours is then released alone. Every call
     succeeds either way, and no job is written after it was released."""
-    runner = Recording(runner_for(slurm))
-    adapter = make_adapter(slurm, runner)  # type: ignore[arg-type]
-    try:
-        refs = list(await asyncio.gather(*(
-            adapter.start(request_for(jobs.new(), ["true"], gate=True)) for _ in range(N))))
-        write_many = adapter._write_many
-        sluids = refs[0].sluid is not None and adapter.capabilities is not None and \
-            adapter.capabilities.identity == "sluid"
-        purged = "s0000000000ZZ" if sluids else "999999"
+    runner, adapter = recorded
+    refs = list(await asyncio.gather(*(
+        adapter.start(request_for(jobs.new(), ["true"], gate=True)) for _ in range(N))))
+    write_many = adapter._write_many
+    sluids = refs[0].sluid is not None and adapter.capabilities is not None and \
+        adapter.capabilities.identity == "sluid"
+    purged = "s0000000000ZZ" if sluids else "999999"
 
-        async def with_a_purged_job(operation: str, targets: Sequence[str]) -> CommandResult:
-            return await write_many(operation, [*targets, purged])
+    async def with_a_purged_job(operation: str, targets: Sequence[str]) -> CommandResult:
+        return await write_many(operation, [*targets, purged])
 
-        adapter._write_many = with_a_purged_job  # type: ignore[method-assign]
-        runner.argvs.clear()
-        results = await asyncio.gather(*(adapter.release(r) for r in refs),
-                                       return_exceptions=True)
-        assert results == [None] * N, results
-        joined, *alone = runner.commands("scontrol", "release")
-        assert purged in joined[2].split(",")
-        assert len(runner.commands("squeue", "-h", "--me")) == 2  # checked, checked again
-        named = [argv[2] for argv in alone]
-        assert len(named) == len(set(named)) and purged not in named
-        assert len(named) == (N if sluids else 0), runner.argvs
-        for ref in refs:
-            await wait_obs(lambda r=ref: adapter.inspect(r),
-                           lambda o: o.state is not State.GATED, what="released")
-    finally:
-        await runner.close()
+    adapter._write_many = with_a_purged_job  # type: ignore[method-assign]
+    runner.argvs.clear()
+    results = await asyncio.gather(*(adapter.release(r) for r in refs),
+                                   return_exceptions=True)
+    assert results == [None] * N, results
+    joined, *alone = runner.commands("scontrol", "release")
+    assert purged in joined[2].split(",")
+    assert len(runner.commands("squeue", "-h", "--me")) == 2  # checked, checked again
+    named = [argv[2] for argv in alone]
+    assert len(named) == len(set(named)) and purged not in named
+    assert len(named) == (N if sluids else 0), runner.argvs
+    for ref in refs:
+        await wait_obs(lambda r=ref: adapter.inspect(r),
+                       lambda o: o.state is not State.GATED, what="released")

@@ -304,10 +304,7 @@ class Reconciler:
                         # (plan is pure: the next tick, at once, makes it again, from
                         # the row as validated now unless the row moves)
                         report.deferred += 1
-                        state = job.state
-                        if state.spec is not None:
-                            self._carried[item.job_id] = (
-                                job.version, (state.spec, state.policy, state.desired))
+                        self._carry(job)
                         item.row = None
                         continue
                     slots -= 1
@@ -471,15 +468,20 @@ class Reconciler:
             if (p.actions or p.submissions or p.events or item.needs_accounting
                     or not memo.valid or not job.has_status
                     or item.job_id in written):
-                state = job.state
-                if state.spec is not None:  # planned again next tick: not parsed again
-                    self._carried[item.job_id] = (job.version,
-                                                  (state.spec, state.policy, state.desired))
+                self._carry(job)  # planned again next tick: not parsed again
                 continue
             spread = zlib.crc32(item.job_id.encode()) % replan_s
             due = p.recheck_at if p.recheck_at is not None else _NEVER
             memo.recheck_at = min(due, ctx.now + replan_s + spread)
             memo.quiet = item.seen
+
+    def _carry(self, job: repo.LoadedJob) -> None:
+        """Keep a job's validated row for the next tick, which plans it again (it is
+        not parsed again unless the row moves)."""
+        state = job.state
+        if state.spec is not None:
+            self._carried[state.job_id] = (job.version,
+                                           (state.spec, state.policy, state.desired))
 
     # ------------------------------------------------------------ reads
 
