@@ -14,10 +14,23 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import String, bindparam, delete, func, insert, literal, select, text, update
+from sqlalchemy import (
+    ARRAY,
+    String,
+    any_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
-from controller.errors import DispatchError, ErrInvalid, ErrNotFound
+from controller.errors import DispatchError, ErrConflict, ErrInvalid, ErrNotFound
 from controller.model.ids import parse_job_id
 from controller.model.job import (
     TERMINAL_PHASES,
@@ -327,6 +340,20 @@ _SAVED_FIRST = 8  # index of the first SAVED_COLUMNS column in a load_tracked ro
 _IN_CHUNK = 500  # ids per IN (...) list: well under every SQLite's variable limit
 
 
+def _by_ids(tx: Session, query: Any, column: Any, ids: Sequence[str]) -> list[Any]:
+    """The rows of ``query`` whose ``column`` is one of ``ids``, one statement per
+    ``_IN_CHUNK`` ids. On PostgreSQL the ids go as one array parameter (``= ANY``): the
+    driver parses (and caches) one statement instead of one per list length."""
+    postgres = tx.get_bind().dialect.name == "postgresql"
+    return [row for start in range(0, len(ids), _IN_CHUNK)
+            for row in tx.execute(query.where(
+                column == any_(literal(ids[start:start + _IN_CHUNK], _ID_ARRAY)) if postgres
+                else column.in_(ids[start:start + _IN_CHUNK])))]
+
+
+_ID_ARRAY = ARRAY(String)
+
+
 def _tracked() -> Any:
     """WHERE clause: jobs with no status yet, or a status that is not terminal."""
     return (JobStatus.job_id.is_(None)) | (JobStatus.phase.not_in(TERMINAL))
@@ -406,9 +433,7 @@ def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
     if ids is None:
         rows: Iterable[Any] = tx.execute(query)
     else:
-        wanted = list(ids)
-        rows = [row for start in range(0, len(wanted), _IN_CHUNK)
-                for row in tx.execute(query.where(Job.id.in_(wanted[start:start + _IN_CHUNK])))]
+        rows = _by_ids(tx, query, Job.id, list(ids))
     out: list[LoadedJob] = []
     end = _SAVED_FIRST + len(SAVED_COLUMNS)
     for row in rows:
@@ -460,9 +485,7 @@ def _with_abandoned(tx: Session, loaded: list[LoadedJob], *, whole: bool) -> lis
     if whole:
         parts: Iterable[Any] = tx.execute(query)
     else:
-        parts = [row for start in range(0, len(with_status), _IN_CHUNK)
-                 for row in tx.execute(query.where(
-                     Submission.job_id.in_(with_status[start:start + _IN_CHUNK])))]
+        parts = _by_ids(tx, query, Submission.job_id, with_status)
     for job_id, number in parts:
         found.setdefault(job_id, set()).add(int(number))
     if not found:
@@ -512,12 +535,10 @@ def current_refs(tx: Session, cluster: str,
     query = (select(Job.id, JobStatus.current_submission, JobStatus.slurm_job_id,
                     JobStatus.slurm_submit, JobStatus.cluster, JobStatus.sluid)
              .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
-    wanted = list(ids)
     out: dict[str, ObjectRef | None] = {}
-    for start in range(0, len(wanted), _IN_CHUNK):
-        for row in tx.execute(query.where(Job.id.in_(wanted[start:start + _IN_CHUNK]))):
-            out[row.id] = (None if row.current_submission is None
-                           else _current_ref(row, row.id, cluster))
+    for row in _by_ids(tx, query, Job.id, list(ids)):
+        out[row.id] = (None if row.current_submission is None
+                       else _current_ref(row, row.id, cluster))
     return out
 
 
@@ -638,71 +659,117 @@ def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int) -> se
 
 def save_submission(tx: Session, upd: SubmissionUpdate, *, attempt: int, now: int) -> None:
     """Insert an intent, or record what was observed of a submission row."""
-    row = tx.scalars(select(Submission).where(Submission.job_id == upd.job_id,
-                                              Submission.submission == upd.submission)).first()
-    if row is None:
-        tx.add(_new_submission(upd, attempt=attempt, now=now))
-    else:
-        _record_submission(row, upd)
+    save_submissions(tx, [(upd, attempt)], now=now)
+
+
+_SUB_TABLE: Any = Submission.__table__
+# the submission columns a SubmissionUpdate may change (``_record_submission``)
+_SUB_MUTABLE = ("status", "cluster", "slurm_job_id", "slurm_submit", "sluid", "state", "cause",
+                "cause_detail", "exit_code", "nodes", "restart_count", "started_at",
+                "ended_at", "attempt")
+_SUB_UPDATE = update(_SUB_TABLE).where(_SUB_TABLE.c.id == bindparam("key"))
 
 
 def save_submissions(tx: Session, updates: Sequence[tuple[SubmissionUpdate, int]], *,
                      now: int, epoch: int | None = None) -> None:
-    """``save_submission`` for many (update, attempt) pairs, in order, reading the rows
-    they touch with one query per ``_IN_CHUNK`` jobs instead of one per update."""
+    """``save_submission`` for many (update, attempt) pairs, in order: the rows they touch
+    are read with one query per ``_IN_CHUNK`` jobs, the updates applied to them in order,
+    and the rows that changed written with one executemany UPDATE (by primary key), the
+    new ones (intents, with ``epoch``) with one executemany INSERT."""
     if not updates:
         return
+    tx.flush()  # the caller's pending ORM rows first (a job added in this transaction)
+    conn = tx.connection()
     job_ids = sorted({upd.job_id for upd, _ in updates})
-    rows: dict[tuple[str, int], Submission] = {}
-    for start in range(0, len(job_ids), _IN_CHUNK):
-        chunk = job_ids[start:start + _IN_CHUNK]
-        for row in tx.scalars(select(Submission).where(Submission.job_id.in_(chunk))):
-            rows.setdefault((row.job_id, row.submission), row)
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    loaded: dict[tuple[str, int], dict[str, Any]] = {}
+    for found in _by_ids(tx, select(_SUB_TABLE), _SUB_TABLE.c.job_id, job_ids):
+        key = (found.job_id, found.submission)
+        if key not in rows:
+            loaded[key] = dict(found._mapping)
+            rows[key] = dict(loaded[key])
+    new: list[dict[str, Any]] = []
     for upd, attempt in updates:
         key = (upd.job_id, upd.submission)
-        found = rows.get(key)
-        if found is None:
-            rows[key] = found = _new_submission(upd, attempt=attempt, now=now)
-            found.epoch = epoch
-            tx.add(found)
+        row = rows.get(key)
+        if row is None:
+            rows[key] = row = _new_submission(upd, attempt=attempt, now=now, epoch=epoch)
+            new.append(row)
         else:
-            _record_submission(found, upd)
+            _record_submission(row, upd)
+    changed = [{"key": row["id"], **{c: row[c] for c in _SUB_MUTABLE}}
+               for key, row in rows.items()
+               if key in loaded and any(row[c] != loaded[key][c] for c in _SUB_MUTABLE)]
+    if changed:
+        conn.execute(_SUB_UPDATE, changed)
+    if new:
+        conn.execute(insert(_SUB_TABLE), new)
 
 
-def _new_submission(upd: SubmissionUpdate, *, attempt: int, now: int) -> Submission:
-    row = Submission(job_id=upd.job_id, submission=upd.submission, attempt=attempt,
-                     status=upd.status, created_at=now, cause_detail="", nodes="",
-                     restart_count=0)
+def _new_submission(upd: SubmissionUpdate, *, attempt: int, now: int,
+                    epoch: int | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "job_id": upd.job_id, "submission": upd.submission, "attempt": attempt,
+        "status": upd.status, "cluster": None, "slurm_job_id": None, "slurm_submit": None,
+        "state": None, "cause": None, "cause_detail": "", "exit_code": None, "nodes": "",
+        "restart_count": 0, "created_at": now, "started_at": None, "ended_at": None,
+        "epoch": epoch, "sluid": None}
     _record_observation(row, upd)
     return row
 
 
-def _record_submission(row: Submission, upd: SubmissionUpdate) -> None:
-    if row.status in ("abandoned", "duplicate", "ended") and upd.status in ("submitted",):
+def _record_submission(row: dict[str, Any], upd: SubmissionUpdate) -> None:
+    if row["status"] in ("abandoned", "duplicate", "ended") and upd.status in ("submitted",):
         pass  # never step a row back
     else:
-        row.status = upd.status
+        row["status"] = upd.status
     _record_observation(row, upd)
 
 
-def _record_observation(row: Submission, upd: SubmissionUpdate) -> None:
+def _record_observation(row: dict[str, Any], upd: SubmissionUpdate) -> None:
     obs = upd.obs
     if obs is not None:
-        row.cluster = obs.ref.cluster
-        row.slurm_job_id = obs.ref.id
-        row.slurm_submit = row.slurm_submit or obs.ref.submit
-        row.sluid = row.sluid or obs.ref.sluid  # live (26.05) or accounting (24.11)
-        row.state = obs.state.value
-        row.cause = obs.cause.kind.value
-        row.cause_detail = obs.cause.detail
-        row.exit_code = obs.exit_code
-        row.nodes = ",".join(obs.nodes) or row.nodes
+        row["cluster"] = obs.ref.cluster
+        row["slurm_job_id"] = obs.ref.id
+        row["slurm_submit"] = row["slurm_submit"] or obs.ref.submit
+        row["sluid"] = row["sluid"] or obs.ref.sluid  # live (26.05) or accounting (24.11)
+        row["state"] = obs.state.value
+        row["cause"] = obs.cause.kind.value
+        row["cause_detail"] = obs.cause.detail
+        row["exit_code"] = obs.exit_code
+        row["nodes"] = ",".join(obs.nodes) or row["nodes"]
         if obs.restart_count is not None:
-            row.restart_count = obs.restart_count
-        row.started_at = obs.start or row.started_at
-        row.ended_at = obs.end or row.ended_at
+            row["restart_count"] = obs.restart_count
+        row["started_at"] = obs.start or row["started_at"]
+        row["ended_at"] = obs.end or row["ended_at"]
         if obs.attempt is not None:
-            row.attempt = obs.attempt
+            row["attempt"] = obs.attempt
+
+
+# a Start's ref to record: (job id, submission number, the ref Start returned)
+Recorded = tuple[str, int, ObjectRef]
+
+_IN_FLIGHT = (_SUB_TABLE.c.status == literal_column("'intent'")) | (
+    _SUB_TABLE.c.status == literal_column("'submitted'"))
+_NOT_TERMINAL = _STATUS_TABLE.c.phase.not_in([literal_column(f"'{p}'") for p in TERMINAL])
+# The compare-and-set of ``record_submitted_many``, one parameter set per ref (executemany).
+_RECORD_SUBMISSION = update(_SUB_TABLE).where(
+    _SUB_TABLE.c.job_id == bindparam("w_job"), _SUB_TABLE.c.submission == bindparam("w_n"),
+    _IN_FLIGHT,
+    _SUB_TABLE.c.slurm_job_id.is_(None) | (_SUB_TABLE.c.slurm_job_id == bindparam("w_id")),
+).values(status=literal_column("'submitted'"), cluster=bindparam("v_cluster"),
+         slurm_job_id=bindparam("v_id"), slurm_submit=bindparam("v_submit"),
+         sluid=bindparam("v_sluid"))
+_RECORD_STATUS = update(_STATUS_TABLE).where(
+    _STATUS_TABLE.c.job_id == bindparam("w_job"),
+    _STATUS_TABLE.c.current_submission == bindparam("w_n"), _NOT_TERMINAL,
+    _STATUS_TABLE.c.slurm_job_id.is_(None) | (_STATUS_TABLE.c.slurm_job_id == bindparam("w_id")),
+).values(slurm_job_id=bindparam("v_id"), slurm_submit=bindparam("v_submit"),
+         cluster=bindparam("v_cluster"), sluid=bindparam("v_sluid"))
+_SUBMISSIONS_OF = select(_SUB_TABLE.c.job_id, _SUB_TABLE.c.submission, _SUB_TABLE.c.status,
+                         _SUB_TABLE.c.slurm_job_id)
+_STATUSES_OF = select(_STATUS_TABLE.c.job_id, _STATUS_TABLE.c.current_submission,
+                      _STATUS_TABLE.c.phase, _STATUS_TABLE.c.slurm_job_id)
 
 
 def record_submitted(tx: Session, job_id: str, submission: int, ref: ObjectRef) -> bool:
@@ -711,21 +778,52 @@ def record_submitted(tx: Session, job_id: str, submission: int, ref: ObjectRef) 
     other ref recorded). Returns False when either row did not match: the caller must
     then treat the new object as a duplicate (cancel it, never release it) and roll back.
     The caller fences the transaction (``Lease.check``) for the epoch."""
-    sub = tx.execute(update(Submission).where(
-        Submission.job_id == job_id, Submission.submission == submission,
-        Submission.status.in_(("intent", "submitted")),
-        (Submission.slurm_job_id.is_(None)) | (Submission.slurm_job_id == ref.id))
-        .values(status="submitted", cluster=ref.cluster, slurm_job_id=ref.id,
-                slurm_submit=ref.submit, sluid=ref.sluid))
-    if int(sub.rowcount or 0) != 1:  # type: ignore[attr-defined]
-        return False
-    status = tx.execute(update(JobStatus).where(
-        JobStatus.job_id == job_id, JobStatus.current_submission == submission,
-        JobStatus.phase.not_in(TERMINAL),
-        (JobStatus.slurm_job_id.is_(None)) | (JobStatus.slurm_job_id == ref.id))
-        .values(slurm_job_id=ref.id, slurm_submit=ref.submit, cluster=ref.cluster,
-                sluid=ref.sluid))
-    return int(status.rowcount or 0) == 1  # type: ignore[attr-defined]
+    return record_submitted_many(tx, [(job_id, submission, ref)])[0]
+
+
+def record_submitted_many(tx: Session, refs: Sequence[Recorded]) -> list[bool]:
+    """``record_submitted`` for many refs, in order, with two executemany compare-and-set
+    UPDATEs (submission rows, then the status rows of the refs whose submission row
+    matched) instead of two statements per ref; one bool per ref.
+
+    Each parameter set keeps the single-ref WHERE clause, so each ref changes at most its
+    own row, and only while it is still current. Which refs matched is read back per row
+    (an executemany reports only the total): a ref matched exactly when its row now holds
+    it -- a row the UPDATE did not match holds another ref or another status, and a row
+    it matched holds this one, locked until the commit. The total row count of each
+    executemany must agree with those per-row answers; if it does not, ``ErrConflict``
+    (the caller's transaction rolls back; nothing is recorded, nothing released)."""
+    if not refs:
+        return []
+    tx.flush()  # the caller's pending ORM rows first, as a Session statement would
+    conn = tx.connection()
+    params = [{"w_job": job_id, "w_n": n, "w_id": ref.id, "v_cluster": ref.cluster,
+               "v_id": ref.id, "v_submit": ref.submit, "v_sluid": ref.sluid}
+              for job_id, n, ref in refs]
+    job_ids = sorted({job_id for job_id, _, _ in refs})
+    changed = conn.execute(_RECORD_SUBMISSION, params).rowcount
+    rows = {(r.job_id, r.submission): r for r in _by_ids(tx, _SUBMISSIONS_OF,
+                                                         _SUB_TABLE.c.job_id, job_ids)}
+    sub_ok = [(row := rows.get((job_id, n))) is not None and row.status == "submitted"
+              and row.slurm_job_id == ref.id for job_id, n, ref in refs]
+    _check_count(changed, sum(sub_ok), "submissions")
+    matched = [p for p, ok in zip(params, sub_ok, strict=True) if ok]
+    if not matched:
+        return sub_ok
+    changed = conn.execute(_RECORD_STATUS, matched).rowcount
+    statuses = {r.job_id: r for r in _by_ids(tx, _STATUSES_OF, _STATUS_TABLE.c.job_id,
+                                             sorted({job_id for (job_id, _, _), ok
+                                                     in zip(refs, sub_ok, strict=True) if ok}))}
+    out = [ok and (st := statuses.get(job_id)) is not None and st.current_submission == n
+           and st.phase not in TERMINAL and st.slurm_job_id == ref.id
+           for (job_id, n, ref), ok in zip(refs, sub_ok, strict=True)]
+    _check_count(changed, sum(out), "job_status")
+    return out
+
+
+def _check_count(changed: int | None, found: int, table: str) -> None:
+    if changed is not None and changed >= 0 and changed != found:
+        raise ErrConflict(f"{table}: {changed} rows recorded, {found} hold their ref")
 
 
 def add_events(tx: Session, events: Iterable[PlannedEvent], *, now: int) -> None:
