@@ -122,3 +122,41 @@ async def test_a_tick_past_its_budget_leaves_the_other_chunks_to_the_next(
     assert all(rep.replan_soon for rep in reports if rep.deferred)
     assert sorted(submitted(fake)) == sorted(burst)
     assert fake.calls.count("start") == 7
+
+
+async def test_rows_waiting_past_the_slice_are_not_read_again(sqlite_store: Store) -> None:
+    """A Submit dropped past the slice is made again only for the next slice: the rows
+    that wait beyond it (no status, no live object, unchanged) are neither read nor
+    planned, and count as deferred; in the end each job is submitted once, in order."""
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    burst = add(sqlite_store, 10)
+    r = rec(sqlite_store, fake, clock, submit_slice=4)
+    first = await r.tick()
+    assert first.reloaded == 10 and first.deferred == 6
+    second = await r.tick()
+    # the 4 submitted (their status moved) and the next 4 waiting: not the last 2
+    assert second.reloaded == 8 and second.deferred == 2 and second.replan_soon
+    while len(fake.jobs) < 10:
+        await r.tick()
+    assert submitted(fake) == burst
+
+
+async def test_a_waiting_row_that_changes_is_planned_at_once(sqlite_store: Store) -> None:
+    """A row waiting for a slot that a client changes (stopped) is planned on the next
+    tick although the slice is full: its version moved, so nothing is assumed of it."""
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    burst = add(sqlite_store, 10)
+    r = rec(sqlite_store, fake, clock, submit_slice=2)
+    await r.tick()
+    with sqlite_store.transaction() as tx:
+        assert repo.set_desired(tx, [burst[-1]], Desired.STOPPED, now=clock[0]) == 1
+    report = await r.tick()
+    assert report.actions["submit"] == 2
+    with sqlite_store.transaction() as tx:
+        phase = tx.scalar(select(JobStatus.phase).where(JobStatus.job_id == burst[-1]))
+    assert phase == "cancelled"
+    while len(fake.jobs) < 9:
+        await r.tick()
+    assert sorted(submitted(fake)) == sorted(burst[:-1])

@@ -253,7 +253,14 @@ class _Builder:
         self.events.append(PlannedEvent(self.job.job_id, kind, message))
 
     def update(self, **changes: object) -> None:
-        self.job = replace(self.job, **changes)  # type: ignore[arg-type]
+        job = self.job
+        for name, value in changes.items():
+            held = getattr(job, name)
+            if held is not value and (type(held) is not type(value) or held != value):
+                self.job = replace(job, **changes)  # type: ignore[arg-type]
+                return
+        # every value is the one the job holds already (same type, equal): a plan makes
+        # many such updates (the phase it has, observed_generation), each a copy saved
 
     def condition(self, type_: str, status: bool, reason: str, message: str = "") -> None:
         self.update(conditions=set_condition(

@@ -252,13 +252,15 @@ class Reconciler:
         ctx = PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
                           adopt_window_s=self.settings.adopt_window_s, down_nodes=down)
         epoch = self._plan_epoch(ctx)
+        self._carried = {}
         todo = self._unsettled(live, now, epoch, report)
         chunk = max(1, self.settings.plan_chunk)
         if len(todo) <= chunk:  # the usual tick: a few jobs, read in full at once
             todo.sort(key=_newest_first)  # stable: a burst keeps its order
-            todo = self._with_rows(todo, report)
+            todo = self._with_rows(self._past_slice(todo, epoch, report), report)
         else:  # many (a new leader's first tick): the jobs likely to act first
             self._order(todo, report)
+            todo = self._past_slice(todo, epoch, report)
         report.timings["select"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -268,7 +270,6 @@ class Reconciler:
         report.timings["read"] += time.perf_counter() - t0
 
         report.timings["plan"] = report.timings["store"] = report.timings["apply"] = 0.0
-        self._carried = {}
         slots = max(1, self.settings.submit_slice)
         for start in range(0, len(todo), chunk):
             if (start and self.budget_s is not None
@@ -306,6 +307,8 @@ class Reconciler:
                         report.deferred += 1
                         self._carry(job)
                         item.row = None
+                        if not job.has_status and not item.seen and not item.outcomes:
+                            item.memo.deferred_epoch = epoch  # see _past_slice
                         continue
                     slots -= 1
                 plans.append((job, p))
@@ -373,7 +376,8 @@ class Reconciler:
                 memos[job_id] = _Memo(version, status_version,
                                       born=memo.born if kept else born)
             elif status_version is None:  # no status row yet: planned again, as it was
-                memos[job_id] = _Memo(version, status_version, born=memo.born)
+                memos[job_id] = _Memo(version, status_version, born=memo.born,
+                                      deferred_epoch=memo.deferred_epoch)
         if known != before:  # some finished or were deleted
             for job_id in memos.keys() - {row[0] for row in rows}:
                 del memos[job_id]
@@ -407,6 +411,33 @@ class Reconciler:
             todo.append(_Todo(job_id, memo, seen))
         report.skipped = skipped
         return todo
+
+    def _past_slice(self, todo: list[_Todo], epoch: int, report: TickReport) -> list[_Todo]:
+        """``todo`` without the waiting Submits past this tick's submit slice: the jobs
+        whose last plan was a Submit dropped for want of a slot (``_Memo.deferred_epoch``)
+        and whose inputs are still the same -- no status row (so the same row version:
+        ``_track``), no live object, no action outcome, the same plan epoch -- are kept
+        only up to ``submit_slice`` of them, in order; the others are neither read nor
+        planned this tick (their plan would be that Submit again, and dropped again),
+        and count as deferred. A burst then costs one plan per job and slice, not one
+        per job and tick. Any other job (a row new or changed since, a stop) is planned
+        as ever, ahead of them or not as the order says."""
+        room = max(1, self.settings.submit_slice)
+        pending = self._outcome_book()
+        kept: list[_Todo] = []
+        for item in todo:
+            memo = item.memo
+            if (memo.deferred_epoch == epoch and memo.status_version is None
+                    and not item.seen and item.job_id not in pending):
+                if room == 0:
+                    report.deferred += 1
+                    known = self._validated.get(item.job_id)
+                    if known is not None:  # not parsed again when it is planned
+                        self._carried[item.job_id] = known
+                    continue
+                room -= 1
+            kept.append(item)
+        return kept
 
     def _order(self, todo: list[_Todo], report: TickReport) -> None:
         """Put the jobs whose plan likely acts first (``_likely_to_act``; a stable sort,
@@ -456,6 +487,7 @@ class Reconciler:
             memo = item.memo
             memo.planned_at = ctx.now
             memo.epoch = epoch
+            memo.deferred_epoch = 0
             job = item.row
             item.row = None  # only _Memo is kept across ticks
             if p is None or job is None:
@@ -712,15 +744,12 @@ class Reconciler:
         """Record the refs of the Submits that returned together, in one fenced
         transaction (a burst's Start batch returns 32 at once): for each, whether it is
         still its job's current intent (``repo.record_submitted``)."""
-        recorded: dict[_Recorded, bool] = {}
         with self._write() as tx:
-            for key in keys:
-                job_id, submission, ref = key
-                recorded[key] = repo.record_submitted(tx, job_id, submission, ref)
-                if recorded[key]:
-                    repo.add_event(tx, job_id, "Submitted",
-                                   f"submission {submission} is Slurm job {ref.id}",
-                                   now=self.now())
+            recorded = dict(zip(keys, repo.record_submitted_many(tx, keys), strict=True))
+            repo.insert_events(tx, [
+                PlannedEvent(job_id, "Submitted", f"submission {submission} is Slurm job "
+                                                  f"{ref.id}")
+                for (job_id, submission, ref), ok in recorded.items() if ok], now=self.now())
         return recorded
 
     def _fail_submission(self, job: JobState, action: Submit, exc: DispatchError) -> None:
@@ -808,6 +837,9 @@ class _Memo:
     epoch: int = 0
     gauge: tuple[str | None, bool, int | None] | None = None  # see ``_gauge``
     born: int = 0  # the tick that made it: its row was new or had moved then
+    # the plan epoch of its last plan, when that plan was a Submit dropped past the submit
+    # slice from a row with no status and no live object (``_past_slice``); 0: none
+    deferred_epoch: int = 0
     wrote: bool = False  # its last plan wrote its status (the next version is ours)
 
 
@@ -824,7 +856,7 @@ class _Todo:
 
 
 # a Submit's ref to record: (job id, submission number, the ref Start returned)
-_Recorded = tuple[str, int, ObjectRef]
+_Recorded = repo.Recorded
 
 _NO_OBS: tuple[ObjectObs, ...] = ()
 _STEADY = frozenset({State.PENDING, State.RUNNING})
