@@ -1,9 +1,19 @@
 """Shared fixtures: stores on real SQLite and real PostgreSQL, golden-file updating,
-and the real local Slurm cluster started by ``scripts/slurm-up``."""
+the run id shared by a run's xdist workers, and the lanes of a parallel run.
+
+**Lanes.** ``scripts/test`` runs pytest with two xdist workers and ``--dist loadgroup``.
+Each test that touches shared state runs in one lane, in collection order: ``host`` (the
+host's 22.05 cluster, its sshd, and the PostgreSQL server the fault suite restarts),
+``slurm-24.11`` and ``slurm-26.05`` (the chroot clusters: their own slurmctld, munged and
+sshd). Tests of ``CLUSTER_FREE`` modules that use no PostgreSQL go to whichever worker is
+free. A module not listed there is in the host lane: a new test is serial unless someone
+says otherwise. Without ``-n`` the lanes are ignored and everything runs in order.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +36,50 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--update-golden"):
         os.environ["UPDATE_GOLDEN"] = "1"
+    # one id per run, inherited by its xdist workers (tests.fault_support.run_id)
+    os.environ.setdefault(RUN_VAR, f"{os.getpid()}-{time.time_ns()}")
+
+
+RUN_VAR = "DISPATCH_TEST_RUN"
+# the chroot clusters: a lane each (tests.slurm_fixtures.matrix's slurm_version)
+CHROOT_VERSIONS = frozenset({"24.11", "26.05"})
+# Modules that touch no Slurm cluster, no sshd of the fault suite and no shared server
+# but PostgreSQL (whose tests are kept in the host lane by ``_uses_postgres``).
+CLUSTER_FREE = frozenset({
+    "test_adapter_output_listing", "test_classify", "test_cli", "test_cli_database",
+    "test_config", "test_daemon_wake", "test_deploy", "test_dialects", "test_helm",
+    "test_hostlist", "test_lease", "test_metrics", "test_output_layout",
+    "test_output_scripts_golden", "test_plan", "test_plan_defects", "test_plan_outcomes",
+    "test_plan_outcomes_tick", "test_plan_recheck", "test_prometheus_rules",
+    "test_runner_local", "test_schema", "test_script_exec", "test_script_golden",
+    "test_script_refusals", "test_sluid", "test_store", "test_tick", "test_tick_burst",
+    "test_tick_first_write", "test_tick_incremental", "test_tick_lost", "test_tick_sweep",
+})
+_PG_FIXTURES = frozenset({"pg_url", "pg_store", "any_store"})
+
+
+def _uses_postgres(item: pytest.Item) -> bool:
+    return (bool(_PG_FIXTURES & set(getattr(item, "fixturenames", ())))
+            or "postgres" in item.nodeid.lower())
+
+
+def lane(item: pytest.Item) -> str | None:
+    """The lane of ``item`` (module docstring); None: any worker."""
+    callspec = getattr(item, "callspec", None)
+    version = callspec.params.get("slurm_version") if callspec is not None else None
+    if version in CHROOT_VERSIONS:
+        return f"slurm-{version}"
+    if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in CLUSTER_FREE \
+            and not _uses_postgres(item):
+        return None
+    return "host"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = lane(item)
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
 
 
 @pytest.fixture
@@ -78,8 +132,15 @@ def any_store(request: pytest.FixtureRequest) -> Store:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the fault suite's figures (tests/test_fault_*.py) at the end of the run."""
-    from tests.fault_support import format_table, session_rows
 
+    from tests.fault_support import figures_printed, format_table, session_rows
+
+    if getattr(terminalreporter.config.option, "dist", "no") != "no":
+        # the workers' output is not shown: what the tests printed, in the order printed
+        printed = figures_printed()
+        if printed:
+            terminalreporter.write_sep("=", "figures the tests printed")
+            terminalreporter.write_line(printed)
     rows = sorted(session_rows(), key=lambda r: r.fault)
     if rows:
         terminalreporter.write_sep("=", "fault suite summary")

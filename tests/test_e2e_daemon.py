@@ -24,6 +24,7 @@ from tests.daemon_harness import (
     squeue_names,
     wait_for,
 )
+from tests.fault_support import emit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -174,7 +175,7 @@ def test_crash_safety_sigkill_while_submitting(cluster: dict[str, str], tmp_path
             executions[rec.name] = executions.get(rec.name, 0) + 1
     duplicates = {n: c for n, c in executions.items() if c > 1}
     lost = [i for i in ids if executions.get("dj-" + i, 0) == 0]
-    print(f"\ncrash-safety: kills={d.kills} jobs=100 slurm_records={len(records)} "
+    emit(f"\ncrash-safety: kills={d.kills} jobs=100 slurm_records={len(records)} "
           f"executed={sum(executions.values())} duplicates={len(duplicates)} lost={len(lost)}")
     assert duplicates == {} and lost == []
     assert not [r for r in squeue_names() if r[1] in {"dj-" + i for i in ids}

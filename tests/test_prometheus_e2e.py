@@ -54,6 +54,7 @@ from tests.daemon_harness import (
     slurm_env,
     wait_for,
 )
+from tests.fault_support import emit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -282,6 +283,6 @@ def test_every_dashboard_and_alert_expression_against_a_live_daemon(
               "dashboard_expressions": len(dashboard_queries()),
               "alert_expressions": len(alert_rules())}
     REPORT.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nPrometheus e2e: {total} checked queries (+{prom.queries['wait']} waits): "
+    emit(f"\nPrometheus e2e: {total} checked queries (+{prom.queries['wait']} waits): "
           f"{dict(prom.queries)}")
     cancel_all()
