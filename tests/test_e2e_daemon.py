@@ -186,11 +186,13 @@ def test_two_daemons_on_postgresql_one_leader(cluster: dict[str, str], tmp_path:
                                               pg_url: str) -> None:
     Store(pg_url).migrate()
     client = Client(pg_url)
-    with daemon(tmp_path, pg_url) as first:
+    ttl = "lease_ttl_s = 10"  # the standby takes over within 10 s, not the default 30
+    with daemon(tmp_path, pg_url, extra=ttl) as first:
         wait_for(lambda: first.metrics().get("dispatch_leader") == 1.0, timeout=30,
                  what="first daemon to lead")
-        with daemon(tmp_path, pg_url) as second:
-            time.sleep(3)
+        with daemon(tmp_path, pg_url, extra=ttl) as second:
+            wait_for(lambda: "dispatch_leader" in second.metrics(), timeout=30,
+                     what="the standby serving its metrics")
             assert second.metrics()["dispatch_leader"] == 0.0
             ids = [client.submit(_doc(["true"])) for _ in range(5)]
             _wait_terminal(client, ids, timeout=60)
@@ -214,7 +216,9 @@ def test_notify_wakes_the_loop_on_postgresql(cluster: dict[str, str], tmp_path: 
     with daemon(tmp_path, pg_url, tick_s=60, extra="lease_ttl_s = 120") as d:
         wait_for(lambda: d.metrics().get("dispatch_leader") == 1.0, timeout=30,
                  what="leader")
-        time.sleep(2)
+        # its first tick done: the insert below comes inside the 60 s interval
+        wait_for(lambda: any(k.startswith("dispatch_ticks_total{") for k in d.metrics()),
+                 timeout=30, what="the leader's first tick")
         started = time.monotonic()
         jid = client.submit(_doc(["true"]))
         wait_for(lambda: client.get(jid)["slurm_job_id"] is not None, timeout=20,
@@ -241,7 +245,7 @@ def test_bad_sql_row_is_rejected_and_others_run(cluster: dict[str, str], tmp_pat
 def test_sigterm_finishes_and_never_cancels(cluster: dict[str, str], tmp_path: Path,
                                             sqlite_url: str) -> None:
     client = Client(sqlite_url)
-    jid = client.submit(_doc(["sleep", "30"]))
+    jid = client.submit(_doc(["sleep", "15"]))
     with daemon(tmp_path, sqlite_url) as d:
         wait_for(lambda: client.get(jid)["phase"] == "running", timeout=60, what="running")
         assert d.terminate() == 0
