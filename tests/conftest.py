@@ -1,23 +1,23 @@
 """Shared fixtures: stores on real SQLite and real PostgreSQL, golden-file updating,
-the run id shared by a run's xdist workers, and the lanes of a parallel run.
+and the lanes of ``scripts/test``.
 
-**Lanes.** ``scripts/test`` runs pytest with two xdist workers and ``--dist loadgroup``.
-Every test that touches shared state (a Slurm cluster, the fault suite's sshd, the
-PostgreSQL server the fault suite restarts) runs in ONE lane, ``cluster``, in collection
-order, as without xdist. Tests of ``CLUSTER_FREE`` modules that use no PostgreSQL go to
-whichever worker is free. A module not listed there is in the ``cluster`` lane: a new test
-is serial unless someone says otherwise. Without ``-n`` everything runs in order.
+**Lanes.** ``scripts/test`` runs two pytest processes at once: ``--lane cluster`` (every
+test that touches shared state: a Slurm cluster, the fault suite's sshd, the PostgreSQL
+server the fault suite restarts; in collection order, as ever) and ``--lane free`` (the
+tests of ``CLUSTER_FREE`` modules that use no PostgreSQL). A module not listed there is
+in the cluster lane: a new test is serial unless someone says otherwise. Without
+``--lane`` pytest runs everything, in order.
 
 The clusters cannot be lanes of their own: the chroot clusters (24.11, 26.05) share
 ``/home`` and ``/tmp`` with the host's and with each other, and running a chroot's tests
 beside the host's made host tests fail (a foreign held job ended, a purge not seen in
-90 s; tried 2026-12-01).
+90 s; tried 2026-12-01). pytest-xdist's ``loadgroup`` was tried first: with pytest 9.2
+its group suffix no longer reaches the node ids, and grouped tests were spread anyway.
 """
 
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,16 +35,16 @@ PG_ADMIN_URL = os.environ.get("DISPATCH_TEST_PG_URL",
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite golden files in testdata/ instead of comparing")
+    parser.addoption("--lane", choices=LANES, default=None,
+                     help="run only this lane's tests (tests/conftest.py; scripts/test)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--update-golden"):
         os.environ["UPDATE_GOLDEN"] = "1"
-    # one id per run, inherited by its xdist workers (tests.fault_support.run_id)
-    os.environ.setdefault(RUN_VAR, f"{os.getpid()}-{time.time_ns()}")
 
 
-RUN_VAR = "DISPATCH_TEST_RUN"
+LANES = ("cluster", "free")
 # Modules that touch no Slurm cluster, no sshd of the fault suite and no shared server
 # but PostgreSQL (whose tests are kept in the host lane by ``_uses_postgres``).
 CLUSTER_FREE = frozenset({
@@ -65,19 +65,21 @@ def _uses_postgres(item: pytest.Item) -> bool:
             or "postgres" in item.nodeid.lower())
 
 
-def lane(item: pytest.Item) -> str | None:
-    """The lane of ``item`` (module docstring); None: any worker."""
+def lane(item: pytest.Item) -> str:
+    """The lane of ``item`` (module docstring)."""
     if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in CLUSTER_FREE \
             and not _uses_postgres(item):
-        return None
+        return "free"
     return "cluster"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        name = lane(item)
-        if name is not None:
-            item.add_marker(pytest.mark.xdist_group(name))
+    wanted = config.getoption("--lane")
+    if wanted is None:
+        return
+    kept = [item for item in items if lane(item) == wanted]
+    config.hook.pytest_deselected(items=[item for item in items if lane(item) != wanted])
+    items[:] = kept
 
 
 @pytest.fixture
@@ -131,14 +133,8 @@ def any_store(request: pytest.FixtureRequest) -> Store:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the fault suite's figures (tests/test_fault_*.py) at the end of the run."""
 
-    from tests.fault_support import figures_printed, format_table, session_rows
+    from tests.fault_support import format_table, session_rows
 
-    if getattr(terminalreporter.config.option, "dist", "no") != "no":
-        # the workers' output is not shown: what the tests printed, in the order printed
-        printed = figures_printed()
-        if printed:
-            terminalreporter.write_sep("=", "figures the tests printed")
-            terminalreporter.write_line(printed)
     rows = sorted(session_rows(), key=lambda r: r.fault)
     if rows:
         terminalreporter.write_sep("=", "fault suite summary")

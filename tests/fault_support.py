@@ -123,8 +123,8 @@ def _load_file_rows() -> list[FaultRow]:
         data = json.loads(SUMMARY_FILE.read_text())
     except (OSError, ValueError):
         return []
-    if not isinstance(data, dict) or data.get("session") != run_id():
-        return []  # another pytest run wrote it
+    if not isinstance(data, dict) or data.get("session") != os.getpid():
+        return []  # another pytest session wrote it
     return [FaultRow(**r) for r in data.get("rows", [])]
 
 
@@ -133,34 +133,13 @@ def record_row(row: FaultRow, capsys: Any = None) -> None:
     ROWS[:] = [r for r in ROWS if r.fault != row.fault] + [row]
     rows = [r for r in _load_file_rows() if r.fault != row.fault] + [row]
     with contextlib.suppress(OSError):
-        SUMMARY_FILE.write_text(json.dumps({"session": run_id(),
+        SUMMARY_FILE.write_text(json.dumps({"session": os.getpid(),
                                             "rows": [asdict(r) for r in rows]}, indent=1))
     emit("\n" + format_table([row]), capsys)
 
 
-def run_id() -> str:
-    """This pytest run's id, the same in each of its xdist workers (tests/conftest.py)."""
-    return os.environ.get("DISPATCH_TEST_RUN") or str(os.getpid())
-
-
-def _figures_file() -> Path:
-    return Path(f"/tmp/dispatch-test-figures-{run_id()}.txt")
-
-
-def figures_printed() -> str:
-    """What ``emit`` printed in this run (the terminal summary shows it when xdist
-    workers ran the tests: their output is not shown)."""
-    try:
-        return _figures_file().read_text().strip("\n")
-    except OSError:
-        return ""
-
-
 def emit(message: str, capsys: Any = None) -> None:
-    """Print to the real terminal even while pytest captures output (and keep it for the
-    run's summary: ``figures_printed``)."""
-    with contextlib.suppress(OSError), _figures_file().open("a") as out:
-        out.write(message.rstrip("\n") + "\n")
+    """Print to the real terminal even while pytest captures output."""
     if capsys is not None:
         with capsys.disabled():
             print(message, flush=True)
