@@ -1,18 +1,18 @@
 """Shared fixtures: stores on real SQLite and real PostgreSQL, golden-file updating,
 and the lanes of ``scripts/test``.
 
-**Lanes.** ``scripts/test`` runs two pytest processes at once: ``--lane cluster`` (every
-test that touches shared state: a Slurm cluster, the fault suite's sshd, the PostgreSQL
-server the fault suite restarts; in collection order, as ever) and ``--lane free`` (the
-tests of ``CLUSTER_FREE`` modules that use no PostgreSQL). A module not listed there is
-in the cluster lane: a new test is serial unless someone says otherwise. Without
+**Lanes.** ``scripts/test`` runs three pytest processes at once, each its tests in
+collection order: ``--lane host`` (every test of the host's 22.05 cluster or of
+PostgreSQL, whose server the fault suite restarts, and every test that is not known to
+belong elsewhere), ``--lane chroot`` (the ``@matrix`` tests of the 24.11 and 26.05 chroot
+clusters: their own slurmctld, slurmd, munged and sshd; no PostgreSQL) and ``--lane free``
+(the tests of ``CLUSTER_FREE`` modules that use no PostgreSQL). A module not listed there
+is in the host lane: a new test is serial unless someone says otherwise. Without
 ``--lane`` pytest runs everything, in order.
 
-The clusters cannot be lanes of their own: the chroot clusters (24.11, 26.05) share
-``/home`` and ``/tmp`` with the host's and with each other, and running a chroot's tests
-beside the host's made host tests fail (a foreign held job ended, a purge not seen in
-90 s; tried 2026-12-01). pytest-xdist's ``loadgroup`` was tried first: with pytest 9.2
-its group suffix no longer reaches the node ids, and grouped tests were spread anyway.
+pytest-xdist's ``loadgroup`` was tried first (2026-12-01): with pytest 9.2 its group
+suffix no longer reaches the node ids, so grouped tests were spread over both workers,
+host tests ran beside each other and failed.
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["UPDATE_GOLDEN"] = "1"
 
 
-LANES = ("cluster", "free")
+LANES = ("host", "chroot", "free")
+# the chroot clusters (tests.slurm_fixtures.matrix's slurm_version)
+CHROOT_VERSIONS = frozenset({"24.11", "26.05"})
 # Modules that touch no Slurm cluster, no sshd of the fault suite and no shared server
 # but PostgreSQL (whose tests are kept in the host lane by ``_uses_postgres``).
 CLUSTER_FREE = frozenset({
@@ -67,10 +69,14 @@ def _uses_postgres(item: pytest.Item) -> bool:
 
 def lane(item: pytest.Item) -> str:
     """The lane of ``item`` (module docstring)."""
+    callspec = getattr(item, "callspec", None)
+    version = callspec.params.get("slurm_version") if callspec is not None else None
+    if version in CHROOT_VERSIONS and not _uses_postgres(item):
+        return "chroot"
     if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in CLUSTER_FREE \
             and not _uses_postgres(item):
         return "free"
-    return "cluster"
+    return "host"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
