@@ -328,6 +328,8 @@ class Reconciler:
                 t0 = time.perf_counter()
                 await self._apply(acting, report, now)
                 report.timings["apply"] += time.perf_counter() - t0
+            # this chunk's rows and plans go now, not when the next chunk's replace them
+            del part, plans, outcomes, acting
 
         self._validated = self._carried
         t0 = time.perf_counter()
@@ -483,6 +485,7 @@ class Reconciler:
                   ctx: PlanContext, epoch: int) -> None:
         """After the commit: which plans were quiet, until when, and each job's gauges."""
         replan_s = max(1, self.settings.replan_s)
+        moments: dict[int, int] = {}  # one int per recheck second (jobs hold many alike)
         for item, p in outcomes:
             memo = item.memo
             memo.planned_at = ctx.now
@@ -504,7 +507,8 @@ class Reconciler:
                 continue
             spread = zlib.crc32(item.job_id.encode()) % replan_s
             due = p.recheck_at if p.recheck_at is not None else _NEVER
-            memo.recheck_at = min(due, ctx.now + replan_s + spread)
+            recheck_at = min(due, ctx.now + replan_s + spread)
+            memo.recheck_at = moments.setdefault(recheck_at, recheck_at)
             memo.quiet = item.seen
 
     def _carry(self, job: repo.LoadedJob) -> None:

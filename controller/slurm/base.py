@@ -18,7 +18,7 @@ from controller.model.obs import ObjectObs, ObjectRef, Source
 from controller.runner.base import CommandResult, Runner
 from controller.slurm import dialects, identity, script
 from controller.slurm.capabilities import Capabilities
-from controller.slurm.classify import DEFAULT_SLURM_UIDS, classify
+from controller.slurm.classify import DEFAULT_SLURM_UIDS, Share, classify
 from controller.slurm.failures import slurm_failure
 from controller.slurm.record import SlurmJob
 
@@ -100,9 +100,10 @@ class AdapterBase:
         return identity.same_job(ref, job, cluster=self.cluster, user=self.user)
 
     def _observe(self, job: SlurmJob, source: Source = Source.LIVE, *,
-                 now: int | None = None) -> ObjectObs:
+                 now: int | None = None, share: Share | None = None) -> ObjectObs:
         return classify(job, source=source, cluster=self.cluster,
-                        now=self._now() if now is None else now, slurm_uids=self._slurm_uids())
+                        now=self._now() if now is None else now, slurm_uids=self._slurm_uids(),
+                        share=share)
 
     def _slurm_uids(self) -> frozenset[int]:
         """Whose cancels are Slurm's own: root, and the SlurmUser preflight found."""

@@ -29,9 +29,10 @@ Decisions beyond the SPEC's text:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar, cast
 
 from controller.errors import ProtocolError
 from controller.model.obs import (
@@ -256,13 +257,58 @@ _NOT_STARTED: Final = frozenset({State.GATED, State.HELD, State.PENDING})
 
 DEFAULT_SLURM_UIDS: Final = frozenset({0})
 
+# what ``Share`` holds one copy of (never a bool: True == 1 would share as 1)
+_Shared = TypeVar("_Shared", bound=Hashable)
+
+
+class Share:
+    """One copy of each equal value that the observations made with it have in common:
+    node names and lists, reasons, time limits, times (the jobs of a burst were
+    submitted in the same second, one scheduling pass starts many at once). Sharing
+    immutable values changes no observation; it keeps a controller that holds 100k of
+    them from holding 100k copies of each. One ``Share`` serves one read (a 100k-row
+    squeue) and holds at most ``limit`` values: a queue whose values are all distinct
+    costs a bounded dictionary, not one entry per value."""
+
+    __slots__ = ("_room", "_values")
+
+    def __init__(self, *, limit: int = 4096) -> None:
+        self._values: dict[object, object] = {}
+        self._room = limit
+
+    def __call__(self, value: _Shared) -> _Shared:
+        """``value``, or the equal one given before."""
+        values = self._values
+        shared = values.get(value)
+        if shared is not None:
+            return cast(_Shared, shared)
+        if self._room > 0 and value is not None:
+            self._room -= 1
+            values[value] = value
+        return value
+
+    def nodes(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        """``nodes``, or the equal list given before; host names interned (a cluster has
+        a few thousand: the lists of different reads share them too)."""
+        shared = self._values.get(nodes)
+        if shared is not None:
+            return cast(tuple[str, ...], shared)
+        nodes = tuple(map(sys.intern, nodes))
+        if self._room > 0:
+            self._room -= 1
+            self._values[nodes] = nodes
+        return nodes
+
 
 def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
              cluster: str | None = None, now: int | None = None,
-             slurm_uids: frozenset[int] = DEFAULT_SLURM_UIDS) -> ObjectObs:
+             slurm_uids: frozenset[int] = DEFAULT_SLURM_UIDS,
+             share: Share | None = None) -> ObjectObs:
     """The observation of ``job`` read from ``source`` (``live``: squeue/scontrol,
     ``accounting``: sacct) at ``now`` (epoch seconds; None when unknown). ``slurm_uids``
     are the uids whose cancels are Slurm's own (root, and the cluster's SlurmUser).
+    ``share``: the observation takes the values equal to ones it was given before from
+    it (the same observation, fewer objects).
 
     Raises ProtocolError for a sacct row that is still pending, running, suspended,
     requeued or resizing. ``ref`` is (cluster, name, id, submit time or 0).
@@ -275,9 +321,16 @@ def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
     state = rule.state
     end = job.end_time if state is State.ENDED and not _ahead(job.end_time, now) else None
     start = None if state in _NOT_STARTED or _ahead(job.start_time, now) else job.start_time
+    submit, eligible, nodes = job.submit_time, job.eligible_time, job.nodes
+    reason, time_limit = job.reason or job.description, job.time_limit_s
+    if share is not None:
+        submit, start, end, nodes = share(submit), share(start), share(end), share.nodes(nodes)
+        # (most jobs are eligible when submitted: the same number)
+        eligible = submit if eligible == submit else share(eligible)
+        reason, time_limit = share(reason), share(time_limit)
     return ObjectObs(
         ref=ObjectRef(cluster=job.cluster if cluster is None else cluster, uid=job.name,
-                      id=job.job_id, submit=job.submit_time or 0, sluid=job.sluid),
+                      id=job.job_id, submit=submit or 0, sluid=job.sluid),
         state=state,
         cause=_cause(rule, rule.detail(facts)),
         submission=submission,
@@ -287,15 +340,15 @@ def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
         hold_instance=facts.hold if state in _NOT_STARTED else None,
         requeued=not accounting and "REQUEUED" in job.flags,
         exit_code=job.return_code if rule.cause is CauseKind.NON_ZERO_EXIT else None,
-        nodes=job.nodes,
-        reason=job.reason or job.description,
-        submit=job.submit_time,
+        nodes=nodes,
+        reason=reason,
+        submit=submit,
         start=start,
         end=end,
         source=src,
         observed_at=now or 0,
-        time_limit_s=job.time_limit_s,
-        eligible=job.eligible_time,
+        time_limit_s=time_limit,
+        eligible=eligible,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Final
 
 from controller.coalesce import Coalescer
@@ -21,7 +21,7 @@ from controller.errors import ErrNotFound, ErrUnsupported, ProtocolError
 from controller.model.obs import ObjectObs, ObjectRef, Source
 from controller.slurm import dialects, naming
 from controller.slurm.base import JOINED_LIMIT, AdapterBase
-from controller.slurm.classify import valid_until
+from controller.slurm.classify import Share, valid_until
 from controller.slurm.dialects import squeue_format, utc_text
 from controller.slurm.failures import slurm_failure
 from controller.slurm.identity import pick_record
@@ -36,8 +36,29 @@ _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
 
 # find_many's memory of one squeue row: (its job id, its observation or None for another
 # user's job, the second it was classified, the second from which it may no longer hold).
+# It is kept by the row's ``hash``, not by the row's text (``_classified_rows``).
 _RowMemo = tuple[str, ObjectObs | None, int, int]
 _FOREVER: Final = 2**63
+# find_many splits the squeue text into lines this many characters at a time (each block
+# ends just after a newline): a 100k-row read never holds all its lines at once.
+_BLOCK: Final = 1 << 18
+
+
+def _blocks(text: str, block: int = _BLOCK) -> Iterator[str]:
+    """``text`` in consecutive pieces of about ``block`` characters, each ending just
+    after a newline (or at the end of the text): their ``splitlines()`` together are
+    exactly ``text.splitlines()`` (a newline ends a line, "\r\n" included, whatever
+    follows it)."""
+    start, size = 0, len(text)
+    while start < size:
+        end = text.find("\n", start + block)
+        end = size if end < 0 else end + 1
+        yield text[start:end]  # the whole text itself when it is one block (no copy)
+        start = end
+
+
+# where a row ``<id>|dj-<ULID>|...`` has the job id: this far after its first '|'
+_NAME_AT: Final = 1 + len(naming.NAME_PREFIX)
 
 
 def our_rows(text: str, *, names: Collection[str] | None = None) -> list[str]:
@@ -58,13 +79,13 @@ class Reads(AdapterBase):
     """squeue and sacct reads of one cluster (module docstring)."""
 
     _identity_reads: Coalescer[int, SlurmJob | None]
-    _live_rows: dict[str, _RowMemo]
+    _live_rows: dict[int, _RowMemo]
     _valid_ids: list[str]
 
     def _init_reads(self) -> None:
         # identity reads of concurrent callers, joined (coalesce)
         self._identity_reads = Coalescer(self._read_ours_many, limit=JOINED_LIMIT, parallel=2)
-        self._live_rows = {}  # find_many's rows of the last read
+        self._live_rows = {}  # find_many's rows of the last read, by hash
         self._valid_ids = []  # find_many's ids of the last call (checked)
 
     # ------------------------------------------------------------ live reads
@@ -196,48 +217,65 @@ class Reads(AdapterBase):
         grace ends): it holds from the second it was made until the first of those times
         that was still ahead. A row that fails to parse raises as before and nothing is
         remembered of that read.
+
+        The rows are remembered by their ``hash`` (a 64-bit SipHash, keyed per process),
+        not by their text: a 100k-row queue's text is kept once, by the runner's result,
+        not once more as dictionary keys. A remembered observation is reused only for a
+        row that names the same dispatch job (its id after ``<id>|dj-``), so equal hashes
+        of two jobs' rows never mix them up; a changed row of the same job whose hash
+        equals its previous row's (a chance of 2**-64 per change) would keep the previous
+        observation until the row changes again or the observation expires.
         """
         columns = self._squeue_columns()
         argv = ["squeue", "-h", "--me", "--states=all", "-O", squeue_format(columns)]
         result = await self._checked_run(argv, "squeue --me")
         now = self._now()
         before = self._live_rows.get
-        remembered: dict[str, _RowMemo] = {}
+        remembered: dict[int, _RowMemo] = {}
         wanted = found.get
-        for line in result.stdout.splitlines():
-            memo = before(line)
-            if memo is None or not memo[2] <= now < memo[3]:
-                match = _OUR_ROW.match(line)
-                if match is None or naming.job_id_of_name(match.group(2)) is None:
-                    continue
-                if strays is None and match.group(2)[len(naming.NAME_PREFIX):] not in found:
-                    continue
-                memo = self._classify_row(line, now, columns)
-            remembered[line] = memo
-            obs = memo[1]
-            if obs is not None:
-                into = wanted(memo[0])
-                if into is not None:
-                    into.append(obs)
-                elif strays is not None:
-                    strays.setdefault(memo[0], []).append(obs)
+        share = Share()  # one copy of the values the observations made now have in common
+        for block in _blocks(result.stdout):
+            for line in block.splitlines():
+                key = hash(line)
+                memo = before(key)
+                if (memo is None or not memo[2] <= now < memo[3]
+                        or not line.startswith(memo[0], line.find("|") + _NAME_AT)):
+                    match = _OUR_ROW.match(line)
+                    if match is None or naming.job_id_of_name(match.group(2)) is None:
+                        continue
+                    if (strays is None
+                            and match.group(2)[len(naming.NAME_PREFIX):] not in found):
+                        continue
+                    memo = self._classify_row(line, now, columns, share=share)
+                remembered[key] = memo
+                obs = memo[1]
+                if obs is not None:
+                    into = wanted(memo[0])
+                    if into:
+                        into.append(obs)
+                    elif into is not None:  # (a new list holds one item, with no room)
+                        found[memo[0]] = [obs]
+                    elif strays is not None:
+                        strays.setdefault(memo[0], []).append(obs)
         self._live_rows = remembered
 
     def _classify_row(self, line: str, now: int,
-                      columns: tuple[str, ...] = dialects.SQUEUE_TEXT_COLUMNS) -> _RowMemo:
+                      columns: tuple[str, ...] = dialects.SQUEUE_TEXT_COLUMNS, *,
+                      share: Share | None = None) -> _RowMemo:
         """One squeue row of ours: its job id, its observation (None: another user's job),
-        the second it was made, and the second from which it may no longer hold."""
+        the second it was made, and the second from which it may no longer hold.
+        ``share`` (``classify``'s) gives the observation the values other rows have too."""
         name = ""
         obs = None
         until = _FOREVER
         for job in dialects.parse_squeue_text(line + "\n", columns=columns):
+            name = job.name[len(naming.NAME_PREFIX):]
             if job.user != self.user:
                 continue
-            name = job.name[len(naming.NAME_PREFIX):]
-            obs = self._observe(job, now=now)
+            obs = self._observe(job, now=now, share=share)
             expires = valid_until(job, now=now)  # classify's own clock rules
             if expires is not None:
-                until = min(until, expires)
+                until = min(until, expires if share is None else share(expires))
         return name, obs, now, until
 
     async def inspect(self, ref: ObjectRef) -> ObjectObs:
