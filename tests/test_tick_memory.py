@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from controller.model.obs import ObjectObs
-from controller.runner.base import CommandResult
 from controller.slurm import reads
 from controller.slurm.adapter import SlurmAdapter
 from controller.slurm.classify import Share, classify
 from controller.slurm.record import SlurmJob
 from controller.slurm.script import StartSettings
+from tests.test_tick_incremental import QueueRunner
 
 T = 1_796_050_000
 NOW = T + 4_000
@@ -96,25 +95,6 @@ def test_blocks_split_as_splitlines(text: str, block: int) -> None:
     assert "".join(pieces) == text
     assert [line for piece in pieces for line in piece.splitlines()] == text.splitlines()
     assert all(piece.endswith("\n") for piece in pieces[:-1])
-
-
-class QueueRunner:
-    """squeue answers from a settable text."""
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    async def run(self, argv: Sequence[str], *, stdin: str | None = None,
-                  timeout: float | None = None,
-                  env: Mapping[str, str] | None = None) -> CommandResult:
-        return CommandResult(argv=tuple(argv), returncode=0, stdout=self.text, stderr="",
-                             duration_s=0.0)
-
-    async def run_script(self, script: str, *, timeout: float | None = None) -> CommandResult:
-        raise AssertionError("no scripts")
-
-    async def close(self) -> None:
-        return None
 
 
 def row(slurm_id: int, job_id: str, *, node: str = "node1") -> str:
