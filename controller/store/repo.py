@@ -657,11 +657,6 @@ def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int) -> se
     return written
 
 
-def save_submission(tx: Session, upd: SubmissionUpdate, *, attempt: int, now: int) -> None:
-    """Insert an intent, or record what was observed of a submission row."""
-    save_submissions(tx, [(upd, attempt)], now=now)
-
-
 _SUB_TABLE: Any = Submission.__table__
 # the submission columns a SubmissionUpdate may change (``_record_submission``)
 _SUB_MUTABLE = ("status", "cluster", "slurm_job_id", "slurm_submit", "sluid", "state", "cause",
@@ -672,7 +667,8 @@ _SUB_UPDATE = update(_SUB_TABLE).where(_SUB_TABLE.c.id == bindparam("key"))
 
 def save_submissions(tx: Session, updates: Sequence[tuple[SubmissionUpdate, int]], *,
                      now: int, epoch: int | None = None) -> None:
-    """``save_submission`` for many (update, attempt) pairs, in order: the rows they touch
+    """Insert intents, or record what was observed of submission rows, for many
+    (update, attempt) pairs, in order: the rows they touch
     are read with one query per ``_IN_CHUNK`` jobs, the updates applied to them in order,
     and the rows that changed written with one executemany UPDATE (by primary key), the
     new ones (intents, with ``epoch``) with one executemany INSERT."""
@@ -824,11 +820,6 @@ def record_submitted_many(tx: Session, refs: Sequence[Recorded]) -> list[bool]:
 def _check_count(changed: int | None, found: int, table: str) -> None:
     if changed is not None and changed >= 0 and changed != found:
         raise ErrConflict(f"{table}: {changed} rows recorded, {found} hold their ref")
-
-
-def add_events(tx: Session, events: Iterable[PlannedEvent], *, now: int) -> None:
-    tx.add_all([Event(job_id=e.job_id, at=now, kind=e.kind, message=e.message, data="{}")
-                for e in events])
 
 
 def insert_events(tx: Session, events: Sequence[PlannedEvent], *, now: int) -> None:
