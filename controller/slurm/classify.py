@@ -293,11 +293,7 @@ class Share:
         shared = self._values.get(nodes)
         if shared is not None:
             return cast(tuple[str, ...], shared)
-        nodes = tuple(map(sys.intern, nodes))
-        if self._room > 0:
-            self._room -= 1
-            self._values[nodes] = nodes
-        return nodes
+        return self(tuple(map(sys.intern, nodes)))
 
 
 def classify(job: SlurmJob, *, source: Source | str = Source.LIVE,
