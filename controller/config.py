@@ -12,6 +12,13 @@ The groups, in file order: ``[cluster]``, ``[transport]``, ``[output]``,
 ``[slurm]``. Every key has a default, so ``load_config(None)`` (no file at all) is a
 working configuration for a local Slurm.
 
+Several clusters (shards) are ``[[clusters]]`` entries (``ClusterEntry``), each named,
+instead of ``[cluster] name``: an entry's ``transport``, ``output``, ``environment``,
+``defaults`` and ``slurm`` subtables overlay the top-level group of that name key by key
+and go through the same decoder. The first entry is the default cluster, and the
+top-level groups of the decoded ``Config`` are its. Without ``[[clusters]]``,
+``Config.clusters`` is the one entry the top-level groups describe.
+
 Unknown groups or keys, wrong types and values out of bounds are refused with
 ``ErrInvalid`` naming the dotted key (``daemon.tick_interval``). Keys that moved
 (``MOVED``) are still accepted where they were, with a logged warning. Paths other than
@@ -31,7 +38,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final
 
@@ -70,8 +77,11 @@ def _host(value: str, path: str) -> str:
     return value
 
 
-def _output_dir(value: str, _path: str) -> str:
-    return check_output_dir(value)
+def _output_dir(value: str, path: str) -> str:
+    try:
+        return check_output_dir(value)
+    except ErrInvalid as exc:  # it names output.dir; the file may have written it elsewhere
+        raise ErrInvalid(exc.reason, field=path) from exc
 
 
 def _pass_names(value: tuple[str, ...], path: str) -> tuple[str, ...]:
@@ -90,6 +100,10 @@ def _database_url(value: str, path: str) -> str:
 
 _USER = _pattern(_USER_RE, "a user name")
 
+# A group's key (its TOML name) -> its dotted path as the file wrote it
+# (``transport.host``, ``clusters[1].transport.host``); given to a group's ``validate``.
+KeyPath = Callable[[str], str]
+
 # ---------------------------------------------------------------- the groups
 
 
@@ -104,7 +118,7 @@ class TransportKind(enum.Enum):
 class ClusterConfig:
     """The Slurm cluster this controller acts on."""
 
-    name: str = setting("lab", doc="ObjectRef.cluster of every object",
+    name: str = setting("lab", doc="the cluster's name: ObjectRef.cluster of its objects",
                         check=_pattern(_CLUSTER_NAME_RE,
                                        "1-64 of [A-Za-z0-9_.-], starting alphanumeric"))
 
@@ -129,17 +143,17 @@ class TransportConfig:
     command_timeout_s: float = setting(DEFAULT_COMMAND_TIMEOUT_S, unit="s", positive=True,
                                        doc="every Slurm command is killed after this")
 
-    def validate(self) -> None:
+    def validate(self, path: KeyPath) -> None:
         if self.kind is TransportKind.SSH and self.host is None:
-            raise ErrInvalid("is required when transport.kind is ssh", field="transport.host")
+            raise ErrInvalid(f"is required when {path('kind')} is ssh", field=path("host"))
         if self.kind is TransportKind.LOCAL:
             for key in ("host", "user"):
                 if getattr(self, key) is not None:
-                    raise ErrInvalid("applies only when transport.kind is ssh",
-                                     field=f"transport.{key}")
+                    raise ErrInvalid(f"applies only when {path('kind')} is ssh",
+                                     field=path(key))
         if self.kind is TransportKind.SSH and self.run_as is not None:
-            raise ErrInvalid("applies only when transport.kind is local",
-                             field="transport.run_as")
+            raise ErrInvalid(f"applies only when {path('kind')} is local",
+                             field=path("run_as"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +200,13 @@ class DaemonConfig:
                                     doc="the leader makes no Slurm write in the last "
                                         "lease_margin_s of its lease")
 
-    def validate(self) -> None:
+    def validate(self, path: KeyPath) -> None:
+        ttl, margin = path("lease_ttl_s"), path("lease_margin_s")
         if self.lease_margin_s >= self.lease_ttl_s:
-            raise ErrInvalid("must be shorter than daemon.lease_ttl_s",
-                             field="daemon.lease_margin_s")
+            raise ErrInvalid(f"must be shorter than {ttl}", field=margin)
         if self.tick_interval_s >= self.lease_ttl_s - self.lease_margin_s:
-            raise ErrInvalid("must be shorter than daemon.lease_ttl_s - daemon.lease_margin_s "
-                             "(the lease is renewed every tick)", field="daemon.tick_interval_s")
+            raise ErrInvalid(f"must be shorter than {ttl} - {margin} "
+                             "(the lease is renewed every tick)", field=path("tick_interval_s"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +214,38 @@ class SlurmConfig:
     """How hard the controller may press on Slurm."""
 
     rate_per_s: float = setting(20.0, unit="1/s", positive=True,
-                                doc="one global budget over all Slurm commands")
+                                doc="one budget over all Slurm commands to the cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterEntry:
+    """One Slurm cluster the controller drives (a shard)."""
+
+    name: str
+    transport: TransportConfig
+    output: OutputConfig
+    environment: EnvironmentConfig
+    defaults: Placement
+    slurm: SlurmConfig
+
+    def start_settings(self) -> StartSettings:
+        """The part the Start script needs (``controller.slurm.script``)."""
+        return StartSettings(output_dir=self.output.dir,
+                             pass_names=self.environment.pass_names,
+                             defaults=self.defaults)
+
+
+CLUSTERS: Final = "clusters"  # the array of tables of several clusters
+# The groups an entry may override, in file order: every field of ClusterEntry but its name.
+ENTRY_GROUPS: Final[tuple[str, ...]] = tuple(f.name for f in fields(ClusterEntry)
+                                             if f.name != "name")
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """The whole configuration; ``clusters`` left empty is the one cluster the top-level
+    groups describe (so ``Config()`` is one cluster named "lab")."""
+
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -214,18 +255,48 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    # every cluster, the default first; never empty once constructed
+    clusters: tuple[ClusterEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.clusters:
+            object.__setattr__(self, CLUSTERS, (self._top_level_cluster(),))
+
+    def _top_level_cluster(self) -> ClusterEntry:
+        return ClusterEntry(self.cluster.name,
+                            **{group: getattr(self, group) for group in ENTRY_GROUPS})
+
+    @property
+    def default_cluster(self) -> ClusterEntry:
+        """Where a job that names no cluster goes: the first entry."""
+        return self.clusters[0]
+
+    @property
+    def cluster_names(self) -> tuple[str, ...]:
+        return tuple(entry.name for entry in self.clusters)
+
+    def cluster_named(self, name: str) -> ClusterEntry:
+        """The entry called ``name``; ErrInvalid (field ``cluster``) if there is none."""
+        for entry in self.clusters:
+            if entry.name == name:
+                return entry
+        raise ErrInvalid(f"no cluster {name!r} is configured (configured: "
+                         f"{', '.join(self.cluster_names)})", field="cluster")
 
     def start_settings(self) -> StartSettings:
-        """The part the Start script needs (``controller.slurm.script``)."""
-        return StartSettings(output_dir=self.output.dir,
-                             pass_names=self.environment.pass_names,
-                             defaults=self.defaults)
+        """The default cluster's part the Start script needs (``controller.slurm.script``)."""
+        return self.default_cluster.start_settings()
 
-    def redacted(self) -> dict[str, dict[str, Any]]:
-        """The configuration as plain TOML-shaped data for logs, secrets masked."""
-        return {group: {key.name: _plain(getattr(getattr(self, group), key.attr), key.meta)
-                        for key in _keys(group)}
-                for group in _groups()}
+    def redacted(self) -> dict[str, Any]:
+        """The configuration as plain TOML-shaped data for logs, secrets masked: every
+        group, and ``clusters`` as a list of entries (name and their groups)."""
+        shown: dict[str, Any] = {group: _plain_group(group, getattr(self, group))
+                                 for group in _groups()}
+        shown[CLUSTERS] = [{"name": entry.name,
+                            **{group: _plain_group(group, getattr(entry, group))
+                               for group in ENTRY_GROUPS}}
+                           for entry in self.clusters]
+        return shown
 
 
 # Keys that moved, old dotted key -> new: still accepted at the old place (a warning is
@@ -258,7 +329,7 @@ class Key:
 @functools.cache
 def _groups() -> dict[str, type[Any]]:
     hints = typing.get_type_hints(Config)
-    return {f.name: hints[f.name] for f in fields(Config)}
+    return {f.name: hints[f.name] for f in fields(Config) if f.name != CLUSTERS}
 
 
 @functools.cache
@@ -331,19 +402,32 @@ def _string(value: object, path: str) -> str:
     return value
 
 
-def decode_group(group: str, table: Mapping[str, Any], *,
-                 paths: Mapping[str, str] | None = None) -> Any:
-    """Group ``group`` from its TOML table; ``paths`` names keys given elsewhere (``MOVED``)."""
+def _path_in(prefix: str, paths: Mapping[str, str]) -> KeyPath:
+    """Key -> where the file wrote it: ``paths[key]`` if given, else ``prefix.key``."""
+    return lambda name: paths.get(name) or f"{prefix}.{name}"
+
+
+def _decode_values(group: str, table: Mapping[str, Any], path: KeyPath) -> dict[str, Any]:
+    """The keys of ``table`` decoded and checked one by one: dataclass attribute -> value."""
     known = {key.name: key for key in _keys(group)}
     for name in table:
         if name not in known:
-            raise ErrInvalid("unknown key", field=f"{group}.{name}")
-    values = {key.attr: _decode_value(table[name], key, (paths or {}).get(name, key.dotted))
-              for name, key in known.items() if name in table}
-    decoded = _groups()[group](**values)
+            raise ErrInvalid("unknown key", field=path(name))
+    return {key.attr: _decode_value(table[name], key, path(name))
+            for name, key in known.items() if name in table}
+
+
+def decode_group(group: str, table: Mapping[str, Any], *, prefix: str | None = None,
+                 paths: Mapping[str, str] | None = None) -> Any:
+    """Group ``group`` from its TOML table, which the file wrote at ``prefix`` (default:
+    ``group``; ``clusters[1].transport`` for an entry's). ``paths`` names keys written
+    elsewhere (a ``MOVED`` key, or a top-level key an entry inherits); every error, the
+    group's ``validate`` too, names the key where it was written."""
+    path = _path_in(prefix or group, paths or {})
+    decoded = _groups()[group](**_decode_values(group, table, path))
     validate = getattr(decoded, "validate", None)
     if validate is not None:
-        validate()
+        validate(path)
     return decoded
 
 
@@ -353,7 +437,7 @@ def parse_config(doc: Mapping[str, Any]) -> Config:
         raise ErrInvalid("the configuration must be a table")
     groups = _groups()
     for name in doc:
-        if name not in groups:
+        if name not in groups and name != CLUSTERS:
             raise ErrInvalid("unknown group", field=str(name))
     tables: dict[str, dict[str, Any]] = {}
     for name in groups:
@@ -372,8 +456,60 @@ def parse_config(doc: Mapping[str, Any]) -> Config:
         log.warning("deprecated configuration key: it moved", extra={"key": old, "to": new})
         tables[new_group][new_key] = tables[old_group].pop(old_key)
         paths[new_group][new_key] = old
-    return Config(**{name: decode_group(name, tables[name], paths=paths[name])
-                     for name in groups})
+    if CLUSTERS not in doc:
+        return Config(**{name: decode_group(name, tables[name], paths=paths[name])
+                         for name in groups})
+    return _parse_clusters(doc[CLUSTERS], tables, paths)
+
+
+def _parse_clusters(raw: object, tables: Mapping[str, Mapping[str, Any]],
+                    paths: Mapping[str, Mapping[str, str]]) -> Config:
+    """A document with ``[[clusters]]``: the top-level groups an entry may override are
+    the base of every entry; the Config's top-level groups are the first entry's."""
+    if "name" in tables["cluster"]:
+        raise ErrInvalid(f"with [[{CLUSTERS}]] each entry names its cluster; the first "
+                         "entry is the default", field="cluster.name")
+    if not isinstance(raw, list):
+        raise ErrInvalid("must be an array of tables ([[clusters]])", field=CLUSTERS)
+    if not raw:
+        raise ErrInvalid("must hold at least one cluster", field=CLUSTERS)
+    shared = {name: decode_group(name, tables[name], paths=paths[name])
+              for name in _groups() if name not in ENTRY_GROUPS}
+    for group in ENTRY_GROUPS:  # checked here too: every entry may override them
+        _decode_values(group, tables[group], _path_in(group, paths[group]))
+    entries: list[ClusterEntry] = []
+    for i, item in enumerate(raw):
+        entry = _decode_entry(item, f"{CLUSTERS}[{i}]", tables, paths)
+        if entry.name in (e.name for e in entries):
+            raise ErrInvalid(f"cluster {entry.name} is configured twice",
+                             field=f"{CLUSTERS}[{i}].name")
+        entries.append(entry)
+    first = entries[0]
+    shared["cluster"] = ClusterConfig(name=first.name)
+    return Config(**shared, **{group: getattr(first, group) for group in ENTRY_GROUPS},
+                  clusters=tuple(entries))
+
+
+def _decode_entry(item: object, prefix: str, tables: Mapping[str, Mapping[str, Any]],
+                  paths: Mapping[str, Mapping[str, str]]) -> ClusterEntry:
+    if not isinstance(item, Mapping):
+        raise ErrInvalid("must be a table", field=prefix)
+    for key in item:
+        if key != "name" and key not in ENTRY_GROUPS:
+            raise ErrInvalid("unknown key", field=f"{prefix}.{key}")
+    if "name" not in item:
+        raise ErrInvalid("is required", field=f"{prefix}.name")
+    name = decode_group("cluster", {"name": item["name"]}, prefix=prefix).name
+    groups: dict[str, Any] = {}
+    for group in ENTRY_GROUPS:
+        own = item.get(group, {})
+        if not isinstance(own, Mapping):
+            raise ErrInvalid("must be a table", field=f"{prefix}.{group}")
+        top = _path_in(group, paths[group])
+        inherited = {key: top(key) for key in tables[group] if key not in own}
+        groups[group] = decode_group(group, {**tables[group], **own},
+                                     prefix=f"{prefix}.{group}", paths=inherited)
+    return ClusterEntry(name, **groups)
 
 
 def load_config(path: str | None, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -419,6 +555,11 @@ def _plain(value: Any, meta: Setting) -> Any:
     return value
 
 
+def _plain_group(group: str, value: Any) -> dict[str, Any]:
+    """Group ``group``'s decoded dataclass as a plain TOML table, secrets masked."""
+    return {key.name: _plain(getattr(value, key.attr), key.meta) for key in _keys(group)}
+
+
 def toml_value(value: Any) -> str:
     """``value`` (plain data) as a TOML literal."""
     if isinstance(value, bool):
@@ -440,15 +581,65 @@ def _describe(meta: Setting) -> str:
     return meta.doc + (f" ({extra})" if extra else "")
 
 
+# Shown commented out at the end of ``dispatchctl config --defaults``; a test decodes it.
+CLUSTERS_EXAMPLE: Final = """\
+[[clusters]]
+name = "cpu"
+[clusters.transport]
+kind = "ssh"
+host = "login-cpu"
+[clusters.defaults]
+partition = "batch"
+
+[[clusters]]
+name = "gpu"
+[clusters.transport]
+kind = "ssh"
+host = "login-gpu"
+[clusters.defaults]
+partition = "gpu"
+[clusters.slurm]
+rate_per_s = 5
+"""
+
+
 def render_toml(config: Config | None = None) -> str:
-    """``config`` (default: the defaults), redacted, as a commented TOML file."""
-    shown = (config or Config()).redacted()
+    """``config`` (default: the defaults), redacted, as a commented TOML file that
+    ``parse_config`` decodes to ``config`` again (secrets aside).
+
+    One cluster is written as the top-level groups, followed by ``CLUSTERS_EXAMPLE``
+    commented out; several as the default cluster's groups at the top level and one
+    ``[[clusters]]`` entry each, holding only the keys where it differs from the default.
+    """
+    config = config or Config()
+    shown = config.redacted()
+    entries: list[dict[str, Any]] = shown[CLUSTERS]
+    several = config.clusters != (config._top_level_cluster(),)
     lines = ["# dispatch-controller configuration; every key is optional.", ""]
     for group, cls in _groups().items():
+        if several and group == "cluster":
+            continue
+        table = entries[0][group] if several and group in ENTRY_GROUPS else shown[group]
         lines.append(f"[{group}]  # {(cls.__doc__ or '').splitlines()[0].strip()}")
         for key in _keys(group):
             lines.append(f"# {_describe(key.meta)}")
-            lines.append(f"{key.name} = {toml_value(shown[group][key.name])}")
+            lines.append(f"{key.name} = {toml_value(table[key.name])}")
+        lines.append("")
+    if not several:
+        lines += ["# Several clusters: one [[clusters]] entry each, in place of [cluster] "
+                  "name. An entry's", "# tables override the groups above key by key; "
+                  "the first entry is the default.",
+                  *(f"# {line}".rstrip() for line in CLUSTERS_EXAMPLE.splitlines()), ""]
+        return "\n".join(lines)
+    lines.append("# The clusters, the default first; each entry's tables override the groups "
+                 "above.")
+    for entry in entries:
+        lines += [f"[[{CLUSTERS}]]", f"name = {toml_value(entry['name'])}"]
+        for group in ENTRY_GROUPS:
+            changed = {k: v for k, v in entry[group].items() if v != entries[0][group][k]}
+            if changed:
+                lines.append(f"[{CLUSTERS}.{group}]")
+                lines += [f"{k} = {toml_value(v)}" for k, v in changed.items()]
         lines.append("")
     return "\n".join(lines)
 
@@ -461,14 +652,21 @@ def render_markdown() -> str:
         doc = key.meta.doc.replace("|", "\\|") + (" (secret)" if key.meta.secret else "")
         rows.append(f"| `{key.dotted}` | `{toml_value(defaults[key.group][key.name])}` "
                     f"| {key.meta.unit} | {key.meta.bounds()} | {doc} |")
+    name_doc = _keys("cluster")[0].meta.doc
+    groups = ", ".join(f"`{group}`" for group in ENTRY_GROUPS)
+    rows += [f"| `{CLUSTERS}[].name` | required |  |  | {name_doc}; one `[[{CLUSTERS}]]` entry "
+             "per cluster, in place of `cluster.name`; the first is the default cluster |",
+             f"| `{CLUSTERS}[].<group>.<key>` | the top-level key |  |  | a table {groups} "
+             "in an entry overrides the top-level group of that name, key by key |"]
     moved = ", ".join(f"`{old}` (now `{new}`)" for old, new in MOVED.items())
     rows += ["", f"Still accepted where they were, with a warning in the log: {moved}."]
     return "\n".join(rows)
 
 
 __all__ = [
-    "MOVED", "ClusterConfig", "Config", "DaemonConfig", "DatabaseConfig", "EnvironmentConfig",
-    "Key", "OutputConfig", "ReconcileConfig", "SlurmConfig", "TransportConfig",
-    "TransportKind", "decode_group", "keys", "load_config", "parse_config", "redact_url",
-    "render_markdown", "render_toml", "toml_value",
+    "CLUSTERS", "CLUSTERS_EXAMPLE", "ENTRY_GROUPS", "MOVED", "ClusterConfig", "ClusterEntry",
+    "Config", "DaemonConfig", "DatabaseConfig", "EnvironmentConfig", "Key", "KeyPath",
+    "OutputConfig", "ReconcileConfig", "SlurmConfig", "TransportConfig", "TransportKind",
+    "decode_group", "keys", "load_config", "parse_config", "redact_url", "render_markdown",
+    "render_toml", "toml_value",
 ]

@@ -1,21 +1,27 @@
 """Configuration: the one definition of every key (defaults, the README's table, the example
 file, ``dispatchctl config``), the one decoder, every refusal naming its key, moved keys,
-and the one ``redact_url``."""
+several clusters (``[[clusters]]``) and the one ``redact_url``."""
 
 from __future__ import annotations
 
 import logging
 import re
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import controller.config
 from controller.cli import main
 from controller.config import (
+    CLUSTERS_EXAMPLE,
+    ENTRY_GROUPS,
     MOVED,
+    ClusterEntry,
     Config,
+    Key,
     TransportKind,
     keys,
     load_config,
@@ -53,6 +59,10 @@ def test_defaults_without_a_file() -> None:
             r.action_concurrency, r.submit_slice) == (180, 300, 7 * 24 * 3600, 600, 2000, 64, 128)
     assert config.slurm.rate_per_s == 20
     assert config.start_settings() == StartSettings()
+    assert config.cluster_names == ("lab",)
+    assert config.default_cluster == ClusterEntry(
+        "lab", config.transport, config.output, config.environment, config.defaults,
+        config.slurm)
 
 
 def test_the_reconciler_has_no_defaults_of_its_own() -> None:
@@ -129,6 +139,7 @@ def test_every_documented_key_through_the_decoder() -> None:
     config = parse_config(doc)
     assert config == Config()
     shown = config.redacted()
+    assert shown.pop("clusters") == [{"name": "lab", **{g: shown[g] for g in ENTRY_GROUPS}}]
     assert {f"{g}.{k}" for g, table in shown.items() for k in table} == set(documented)
     for dotted, literal in documented.items():
         group, key = dotted.split(".")
@@ -191,7 +202,7 @@ def test_output_dir_is_normalised() -> None:
 
 
 @pytest.mark.parametrize(("doc", "field"), [
-    pytest.param({"clusters": {}}, "clusters", id="unknown-group"),
+    pytest.param({"clusterz": {}}, "clusterz", id="unknown-group"),
     pytest.param({"daemon": {"tick_interval": 5}}, "daemon.tick_interval", id="unknown-key"),
     pytest.param({"defaults": {"partitions": "x"}}, "defaults.partitions", id="unknown-default"),
     pytest.param({"cluster": []}, "cluster", id="group-not-table"),
@@ -319,3 +330,216 @@ def test_redacted_config_hides_the_password() -> None:
     assert "hunter2" not in repr(shown)
     assert shown["database"]["url"] == "postgresql://u:***@db/x"
     assert shown["environment"]["pass"] == ["PATH"]
+
+
+# ---------------------------------------------------------------- several clusters
+
+
+def _entries(*entries: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {**top, "clusters": list(entries)}
+
+
+def test_the_single_cluster_file_is_one_entry_of_the_top_level_groups() -> None:
+    config = load_config(str(ROOT / "testdata" / "config" / "example.toml"))
+    (entry,) = config.clusters
+    assert entry == config.default_cluster == config.cluster_named("lab")
+    assert entry == ClusterEntry(name=config.cluster.name, transport=config.transport,
+                                 output=config.output, environment=config.environment,
+                                 defaults=config.defaults, slurm=config.slurm)
+    assert entry.start_settings() == config.start_settings()
+    assert Config(slurm=replace(Config().slurm, rate_per_s=3)).default_cluster.slurm.rate_per_s \
+        == 3
+
+
+def test_entries_decode() -> None:
+    config = parse_config(_entries(
+        {"name": "cpu", "transport": {"kind": "ssh", "host": "login-cpu", "port": 2222},
+         "output": {"dir": "~/dispatch-out/"}, "environment": {"pass": ["PATH", "HOME"]},
+         "defaults": {"partition": "batch", "exclusive": True}, "slurm": {"rate_per_s": 10}},
+        {"name": "gpu"}))
+    assert config.cluster_names == ("cpu", "gpu")
+    cpu, gpu = config.clusters
+    assert (cpu.transport.kind, cpu.transport.host, cpu.transport.port) == (
+        TransportKind.SSH, "login-cpu", 2222)
+    assert cpu.output.dir == "~/dispatch-out"
+    assert cpu.environment.pass_names == ("PATH", "HOME")
+    assert cpu.defaults == Placement(partition="batch", exclusive=True)
+    assert cpu.slurm.rate_per_s == 10
+    assert cpu.start_settings() == StartSettings(output_dir="~/dispatch-out",
+                                                 pass_names=("PATH", "HOME"),
+                                                 defaults=cpu.defaults)
+    default = Config()
+    assert gpu == ClusterEntry("gpu", default.transport, default.output, default.environment,
+                               default.defaults, default.slurm)
+    # the top-level groups of the decoded configuration are the default cluster's
+    assert config.default_cluster is cpu and config.cluster_named("gpu") is gpu
+    assert config.cluster.name == "cpu"
+    assert (config.transport, config.slurm) == (cpu.transport, cpu.slurm)
+    assert config.start_settings() == cpu.start_settings()
+
+
+def test_entries_overlay_the_top_level_groups_key_by_key() -> None:
+    config = parse_config(_entries(
+        {"name": "cpu", "transport": {"host": "login-cpu"}},
+        {"name": "gpu", "transport": {"host": "login-gpu", "user": "gpu-svc"},
+         "defaults": {"partition": "gpu"}, "slurm": {"rate_per_s": 5}},
+        {"name": "local", "transport": {"kind": "local", "user": ""}},
+        transport={"kind": "ssh", "user": "svc"}, defaults={"partition": "batch",
+                                                            "account": "physics"},
+        daemon={"slurm_rate_per_s": 7}))
+    cpu, gpu, local = config.clusters
+    assert (cpu.transport.host, cpu.transport.user, cpu.transport.kind) == (
+        "login-cpu", "svc", TransportKind.SSH)
+    assert (gpu.transport.host, gpu.transport.user) == ("login-gpu", "gpu-svc")
+    assert (local.transport.kind, local.transport.host, local.transport.user) == (
+        TransportKind.LOCAL, None, None)
+    assert cpu.defaults == local.defaults == Placement(partition="batch", account="physics")
+    assert gpu.defaults == Placement(partition="gpu", account="physics")
+    assert (cpu.slurm.rate_per_s, gpu.slurm.rate_per_s) == (7, 5)
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    pytest.param({"clusters": {}}, "clusters", id="not-an-array"),
+    pytest.param({"clusters": {"name": "a"}}, "clusters", id="a-table-not-an-array"),
+    pytest.param({"clusters": []}, "clusters", id="empty"),
+    pytest.param(_entries({"name": "a"}, "b"), "clusters[1]", id="entry-not-table"),
+    pytest.param(_entries({}), "clusters[0].name", id="name-missing"),
+    pytest.param(_entries({"transport": {"kind": "ssh"}}), "clusters[0].name",
+                 id="name-missing-before-groups"),
+    pytest.param(_entries({"name": "a b"}), "clusters[0].name", id="name-pattern"),
+    pytest.param(_entries({"name": ""}), "clusters[0].name", id="name-empty"),
+    pytest.param(_entries({"name": 3}), "clusters[0].name", id="name-type"),
+    pytest.param(_entries({"name": "a"}, {"name": "b"}, {"name": "a"}), "clusters[2].name",
+                 id="name-twice"),
+    pytest.param(_entries({"name": "a", "bogus": 1}), "clusters[0].bogus", id="unknown-key"),
+    pytest.param(_entries({"name": "a", "database": {}}), "clusters[0].database",
+                 id="not-a-cluster-group"),
+    pytest.param(_entries({"name": "a", "transport": "ssh"}), "clusters[0].transport",
+                 id="group-not-table"),
+    pytest.param(_entries({"name": "a"}, cluster={"name": "lab"}), "cluster.name",
+                 id="cluster-name-too"),
+    pytest.param(_entries({"name": "a", "transport": {"bogus": 1}}),
+                 "clusters[0].transport.bogus", id="unknown-group-key"),
+    pytest.param(_entries({"name": "a", "transport": {"port": "22"}}),
+                 "clusters[0].transport.port", id="port-type"),
+    pytest.param(_entries({"name": "a"}, {"name": "b", "transport": {"kind": "ssh"}}),
+                 "clusters[1].transport.host", id="ssh-needs-host"),
+    pytest.param(_entries({"name": "a"}, {"name": "b", "transport": {"host": "h"}}),
+                 "clusters[1].transport.host", id="host-only-ssh"),
+    pytest.param(_entries({"name": "a", "transport": {"host": "h"}},
+                          transport={"kind": "ssh", "run_as": "x"}),
+                 "transport.run_as", id="inherited-run-as-only-local"),
+    pytest.param(_entries({"name": "a", "transport": {"host": "h"}}, {"name": "b"},
+                          transport={"kind": "ssh"}),
+                 "clusters[1].transport.host", id="inherited-ssh-needs-host"),
+    pytest.param(_entries({"name": "a", "transport": {"port": 22}},
+                          transport={"port": "22"}),
+                 "transport.port", id="overridden-top-level-key-still-checked"),
+    pytest.param(_entries({"name": "a"}, transport={"portt": 22}), "transport.portt",
+                 id="unknown-top-level-key"),
+    pytest.param(_entries({"name": "a", "slurm": {"rate_per_s": 0}}),
+                 "clusters[0].slurm.rate_per_s", id="rate-zero"),
+    pytest.param(_entries({"name": "a"}, daemon={"slurm_rate_per_s": 0}),
+                 "daemon.slurm_rate_per_s", id="moved-key-inherited"),
+    pytest.param(_entries({"name": "a", "output": {"dir": "relative"}}),
+                 "clusters[0].output.dir", id="dir-relative"),
+    pytest.param(_entries({"name": "a", "environment": {"pass": ["A", "A"]}}),
+                 "clusters[0].environment.pass[1]", id="pass-twice"),
+    pytest.param(_entries({"name": "a", "defaults": {"partition": "a\nb"}}),
+                 "clusters[0].defaults.partition", id="partition"),
+    pytest.param(_entries({"name": "a", "defaults": {"exclusive": 1}}),
+                 "clusters[0].defaults.exclusive", id="exclusive"),
+])
+def test_cluster_refusals_name_the_key(doc: dict[str, Any], field: str) -> None:
+    with pytest.raises(ErrInvalid) as info:
+        parse_config(doc)
+    assert info.value.field == field
+
+
+def test_refusal_messages_name_the_key_they_depend_on() -> None:
+    with pytest.raises(ErrInvalid, match=r"required when clusters\[0\]\.transport\.kind is ssh"):
+        parse_config(_entries({"name": "a", "transport": {"kind": "ssh"}}))
+    with pytest.raises(ErrInvalid, match="cluster a is configured twice"):
+        parse_config(_entries({"name": "a"}, {"name": "a"}))
+
+
+def test_cluster_named_refuses_an_unknown_name() -> None:
+    config = parse_config(_entries({"name": "cpu"}, {"name": "gpu"}))
+    with pytest.raises(ErrInvalid, match="cpu, gpu") as info:
+        config.cluster_named("tpu")
+    assert info.value.field == "cluster"
+    with pytest.raises(ErrInvalid):
+        Config().cluster_named("cpu")
+
+
+def test_one_entry_is_the_single_cluster_file() -> None:
+    assert parse_config(_entries({"name": "lab"})) == Config()
+    single = parse_config({"cluster": {"name": "x"}, "transport": {"run_as": "svc"}})
+    assert parse_config(_entries({"name": "x", "transport": {"run_as": "svc"}})) == single
+
+
+def test_redacted_lists_the_entries() -> None:
+    config = parse_config(_entries({"name": "cpu"},
+                                   {"name": "gpu", "transport": {"kind": "ssh", "host": "g"}}))
+    shown = config.redacted()
+    assert [e["name"] for e in shown["clusters"]] == ["cpu", "gpu"]
+    assert shown["clusters"][1]["transport"]["host"] == "g"
+    assert shown["clusters"][1]["transport"]["kind"] == "ssh"
+    assert shown["clusters"][0]["transport"] == shown["transport"]
+    assert set(shown["clusters"][0]) == {"name", *ENTRY_GROUPS}
+
+
+def test_redacted_masks_secrets_inside_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key of an entry's groups is secret today; mark one, as a future group would."""
+    real = controller.config._keys
+
+    def keys_with_secret(group: str) -> tuple[Key, ...]:
+        return tuple(replace(k, meta=replace(k.meta, secret=True))
+                     if (group, k.name) == ("transport", "key_file") else k
+                     for k in real(group))
+
+    monkeypatch.setattr(controller.config, "_keys", keys_with_secret)
+    config = parse_config(_entries(
+        {"name": "cpu", "transport": {"kind": "ssh", "host": "c", "key_file": "/k/cpu"}},
+        {"name": "gpu", "transport": {"kind": "ssh", "host": "g", "key_file": "/k/gpu"}}))
+    shown = config.redacted()
+    assert "/k/" not in repr(shown) and "/k/" not in render_toml(config)
+    assert [e["transport"]["key_file"] for e in shown["clusters"]] == ["***", "***"]
+
+
+@pytest.mark.parametrize("doc", [
+    pytest.param({}, id="defaults"),
+    pytest.param(_entries({"name": "only", "slurm": {"rate_per_s": 3}}), id="one-entry"),
+    pytest.param(_entries({"name": "cpu", "transport": {"host": "login-cpu"}},
+                          {"name": "gpu", "transport": {"host": "login-gpu", "port": 2222},
+                           "environment": {"pass": []}, "defaults": {"partition": "gpu"}},
+                          {"name": "local", "transport": {"kind": "local", "user": ""}},
+                          transport={"kind": "ssh", "user": "svc"},
+                          defaults={"account": "physics"}, reconcile={"plan_chunk": 10}),
+                 id="several"),
+])
+def test_render_toml_round_trips(doc: dict[str, Any]) -> None:
+    config = parse_config(doc)
+    text = render_toml(config)
+    assert parse_config(tomllib.loads(text)) == config
+    assert bool(re.search(r"^\[\[clusters\]\]$", text, flags=re.M)) == (len(config.clusters) > 1)
+
+
+def test_the_defaults_file_shows_a_clusters_example() -> None:
+    commented = "\n".join(f"# {line}".rstrip() for line in CLUSTERS_EXAMPLE.splitlines())
+    assert commented in render_toml()
+    config = parse_config(tomllib.loads(CLUSTERS_EXAMPLE))
+    assert config.cluster_names == ("cpu", "gpu")
+    assert config.cluster_named("gpu").defaults.partition == "gpu"
+    # uncommented in the defaults file, in place of [cluster], it is accepted as it is
+    defaults = tomllib.loads(render_toml())
+    del defaults["cluster"]
+    assert parse_config({**defaults, **tomllib.loads(CLUSTERS_EXAMPLE)}).cluster_names == (
+        "cpu", "gpu")
+
+
+def test_the_readme_documents_the_clusters() -> None:
+    table = render_markdown()
+    assert "| `clusters[].name` | required |" in table
+    for group in ENTRY_GROUPS:
+        assert f"`{group}`" in table.split("clusters[].<group>.<key>")[1]
