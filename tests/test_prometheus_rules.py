@@ -74,14 +74,32 @@ def test_every_alert_fires_and_stays_silent_when_healthy(alert: str) -> None:
     assert silent, f"{alert}: no promtool test checks it stays silent"
 
 
-def test_a_broken_rule_fails_the_unit_tests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("alert", [a for a in alert_names() if a != "DispatchNoLeader"])
+def test_every_alert_but_no_leader_fires_per_cluster(alert: str) -> None:
+    """Every alert names the cluster it is about; DispatchNoLeader is about the whole job
+    (no shard of any cluster led), DispatchShardUnowned about one cluster's shard."""
+    expected = [e for case in rule_tests() for check in case.get("alert_rule_test", [])
+                if check["alertname"] == alert for e in check.get("exp_alerts") or []]
+    assert expected
+    for e in expected:
+        assert e["exp_labels"].get("cluster"), e
+        assert f"cluster {e['exp_labels']['cluster']}" in e["exp_annotations"]["summary"], e
+
+
+@pytest.mark.parametrize(("alert", "good", "broken"), [
+    pytest.param("DispatchNoLeader", "max by (namespace, job) (dispatch_leader) == 0",
+                 "max by (namespace, job) (dispatch_leader) == 7", id="no-leader"),
+    pytest.param("DispatchShardUnowned",
+                 "max by (namespace, job, cluster) (dispatch_leader) == 0",
+                 "max by (namespace, job, cluster) (dispatch_leader) == 7", id="shard-unowned"),
+])
+def test_a_broken_rule_fails_the_unit_tests(tmp_path: Path, alert: str, good: str,
+                                            broken: str) -> None:
     """The unit tests are not vacuous: an alert that can never fire fails them."""
-    rules = RULES.read_text().replace(
-        "max by (namespace, job) (dispatch_leader) == 0",
-        "max by (namespace, job) (dispatch_leader) == 7")
-    assert rules != RULES.read_text()
+    assert RULES.read_text().count(good) == 1
+    rules = RULES.read_text().replace(good, broken)
     (tmp_path / RULES.name).write_text(rules)
     (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
     result = promtool("test", "rules", tmp_path / RULE_TESTS.name)
     assert result.returncode != 0
-    assert "DispatchNoLeader" in result.stdout + result.stderr
+    assert alert in result.stdout + result.stderr

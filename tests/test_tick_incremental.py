@@ -436,8 +436,8 @@ async def test_small_plan_chunks_give_the_same_outcome(sqlite_store: Store,
 
 
 def gauges(metrics: Metrics) -> list[str]:
-    names = ("dispatch_jobs{", "dispatch_job_objects{", "dispatch_jobs_stale ",
-             "dispatch_oldest_pending_seconds ", "dispatch_tracked_jobs ")
+    names = ("dispatch_jobs{", "dispatch_job_objects{", "dispatch_jobs_stale{",
+             "dispatch_oldest_pending_seconds{", "dispatch_tracked_jobs{")
     return sorted(line for line in generate_latest(metrics.registry).decode().splitlines()
                   if line.startswith(names))
 
@@ -460,7 +460,7 @@ async def test_gauges_after_skipped_ticks_match_a_full_tick(sqlite_store: Store,
     fresh, _ = make(sqlite_store, clock, fake=fake)
     await fresh.tick()
     assert gauges(rec.metrics) == gauges(fresh.metrics)
-    assert any(line.startswith("dispatch_oldest_pending_seconds ") and not line.endswith(" 0.0")
+    assert any(line.startswith("dispatch_oldest_pending_seconds{") and not line.endswith(" 0.0")
                for line in gauges(rec.metrics))
 
 
