@@ -95,6 +95,8 @@ def refused(doc: object) -> tuple[type[Exception], str | None] | None:
 def strategy(node: Any) -> st.SearchStrategy[Any]:
     node = resolve(node)
     assert node is not False
+    if "oneOf" in node:
+        return st.one_of([strategy(choice) for choice in node["oneOf"]])
     types = node.get("type", "string")
     if isinstance(types, list):
         return st.one_of([strategy({**node, "type": t}) for t in types])
@@ -114,6 +116,10 @@ def strategy(node: Any) -> st.SearchStrategy[Any]:
         if node.get("description", "").startswith("One line of printable"):
             text = text.filter(str.isprintable)
         return text
+    if types == "array" and "prefixItems" not in node:
+        return st.lists(strategy(node["items"]), min_size=node.get("minItems", 0),
+                        max_size=min(node.get("maxItems", 3), 3),
+                        unique=node.get("uniqueItems", False))
     if types == "array":
         first = strategy(node["prefixItems"][0])
         rest = st.lists(strategy(node["items"]), max_size=3)
@@ -167,7 +173,8 @@ def test_object_keys_are_the_model_fields(path: str, fields: set[str]) -> None:
 
 def test_top_level_keys_are_the_spec_fields() -> None:
     by_document_name = {"placement": "extensions", "slurm_resources": "extensions",
-                        "output": "extensions", "checkpoint": "extensions"}
+                        "output": "extensions", "checkpoint": "extensions",
+                        "clusters": "cluster"}
     expected = {by_document_name.get(f, f) for f in _fields(JobSpec)}
     assert set(SCHEMA["properties"]) == expected
 

@@ -98,6 +98,9 @@ class JobState:
     # submission numbers whose intent was abandoned (submissions rows with status
     # "abandoned"): a late Slurm job of one is a duplicate, never adopted nor released
     abandoned: frozenset[int] = frozenset()
+    # the cluster the job is placed on (``job_status.cluster``): the one shard that plans
+    # it; None until the first plan places it (``controller.reconcile.placement``)
+    cluster: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,7 @@ class SubmissionUpdate:
     submission: int
     status: str  # submitted | ended | abandoned | duplicate
     obs: ObjectObs | None = None
+    cluster: str | None = None  # an intent: the cluster it is submitted to
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,9 @@ class RecoveryPolicy:
     expected_outputs: tuple[str, ...] = ()
     unknown_grace_s: int | None = None  # None: the daemon's configured default
     stale_grace_s: int = 300
+    # a resubmission for one of these causes goes to the next of the job's acceptable
+    # clusters (``JobSpec.clusters``); any other stays on the cluster it ran on
+    other_cluster_on: frozenset[CauseKind] = frozenset()
 
     def rule(self, cause: CauseKind) -> CauseRule:
         return self.rules.get(cause, _FAIL)
@@ -115,7 +118,7 @@ def parse_policy(raw: str | Mapping[str, Any] | None) -> RecoveryPolicy:
     if not isinstance(doc, Mapping):
         raise ErrInvalid("must be an object", field="policy")
     allowed = {"causes", "retry_exit_codes", "backoff", "exclude_node_ttl_s", "on_exhausted",
-               "expected_outputs", "unknown_grace_s", "stale_grace_s"}
+               "expected_outputs", "unknown_grace_s", "stale_grace_s", "other_cluster_on"}
     for key in doc:
         if key not in allowed:
             raise ErrInvalid("unknown field", field=f"policy.{key}")
@@ -190,4 +193,18 @@ def parse_policy(raw: str | Mapping[str, Any] | None) -> RecoveryPolicy:
         unknown_grace_s=None if grace is None else _int(grace, "policy.unknown_grace_s"),
         stale_grace_s=_int(doc.get("stale_grace_s", policy.stale_grace_s),
                            "policy.stale_grace_s"),
+        other_cluster_on=_causes(doc.get("other_cluster_on", []), "policy.other_cluster_on"),
     )
+
+
+def _causes(value: object, path: str) -> frozenset[CauseKind]:
+    """A list of cause names (``CauseKind`` values)."""
+    if not isinstance(value, list):
+        raise ErrInvalid("must be a list of causes", field=path)
+    out: set[CauseKind] = set()
+    for i, name in enumerate(value):
+        try:
+            out.add(CauseKind(name))
+        except ValueError:
+            raise ErrInvalid("unknown cause", field=f"{path}[{i}]") from None
+    return frozenset(out)

@@ -25,13 +25,16 @@ SHELL_RESERVED_ENV = frozenset({"OPTIND", "BASHOPTS", "BASH_VERSINFO", "EUID", "
                                 "SHELLOPTS", "UID"})
 LABEL_KEY_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?")
 LABEL_VALUE_RE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+# a configured cluster's name (``[[clusters]] name``) and a job document's ``cluster``
+CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_CLUSTERS = 16  # acceptable clusters one job may list
 
 MAX_COMMAND_ARGS = 4096
 MAX_STRING = 65_536
 MAX_INT = 2**31 - 1
 
 _TOP_KEYS = frozenset({"name", "labels", "command", "workdir", "env", "resources",
-                       "extensions", "requeue", "stop_grace_s"})
+                       "extensions", "requeue", "stop_grace_s", "cluster"})
 _RESOURCE_KEYS = ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "memory_mb",
                   "time_limit_s")
 
@@ -121,6 +124,9 @@ class JobSpec:
     labels: tuple[tuple[str, str], ...] = ()
     requeue: bool = False  # Slurm's own requeue, opt-in (SPEC §6.3)
     stop_grace_s: int | None = None
+    # the clusters the job may run on, in order of preference (the first that accepts
+    # it wins); empty: the configured default cluster
+    clusters: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- decoding helpers
@@ -300,6 +306,26 @@ def _extensions(value: object) -> tuple[Placement, SlurmResources, OutputSpec | 
     return placement, slurm_res, output, checkpoint
 
 
+def parse_clusters(value: object, path: str = "cluster") -> tuple[str, ...]:
+    """``cluster``: one cluster name, or a list of acceptable ones in order of preference
+    (no repeats). Whether the configuration knows them is the daemon's business."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names:
+        raise ErrInvalid("must be a cluster name or a non-empty list of them", field=path)
+    if len(names) > MAX_CLUSTERS:
+        raise ErrInvalid(f"more than {MAX_CLUSTERS} clusters", field=path)
+    out: list[str] = []
+    for i, name in enumerate(names):
+        where = path if isinstance(value, str) else f"{path}[{i}]"
+        if not isinstance(name, str) or CLUSTER_NAME_RE.fullmatch(name) is None:
+            raise ErrInvalid("must be a cluster name: 1-64 of [A-Za-z0-9_.-], starting "
+                             "alphanumeric", field=where)
+        if name in out:
+            raise ErrInvalid(f"{name} is listed twice", field=where)
+        out.append(name)
+    return tuple(out)
+
+
 def _labels(value: object) -> tuple[tuple[str, str], ...]:
     obj = _obj(value, "labels")
     out: list[tuple[str, str]] = []
@@ -375,6 +401,7 @@ def parse_job_document(doc: object) -> JobSpec:
         requeue=_bool(obj.get("requeue", False), "requeue"),
         stop_grace_s=None if grace is None else _positive_int(grace, "stop_grace_s",
                                                               minimum=1),
+        clusters=parse_clusters(obj["cluster"]) if "cluster" in obj else (),
     )
 
 
@@ -413,4 +440,6 @@ def spec_to_document(spec: JobSpec) -> dict[str, Any]:
         doc["requeue"] = True
     if spec.stop_grace_s is not None:
         doc["stop_grace_s"] = spec.stop_grace_s
+    if spec.clusters:
+        doc["cluster"] = spec.clusters[0] if len(spec.clusters) == 1 else list(spec.clusters)
     return doc

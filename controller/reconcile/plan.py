@@ -47,6 +47,8 @@ from controller.model.obs import (
 )
 from controller.model.policy import RecoveryPolicy
 from controller.model.spec import JobSpec
+from controller.reconcile import placement
+from controller.reconcile.placement import Clusters
 from controller.reconcile.policy import OnExhausted, decide
 from controller.reconcile.settings import DEFAULTS
 
@@ -88,6 +90,9 @@ class PlanContext:
     unknown_grace_s: int = DEFAULTS.unknown_grace_s
     adopt_window_s: int = DEFAULTS.adopt_window_s  # how long an intent may wait for its object
     down_nodes: frozenset[str] = frozenset()
+    # the configured clusters and this shard's (``controller.reconcile.placement``);
+    # None: one cluster, no placement (a job's ``cluster`` is neither read nor written)
+    clusters: Clusters | None = None
 
 
 # ---------------------------------------------------------------- actions
@@ -290,6 +295,8 @@ def plan(job: JobState, observed: Observed, ctx: PlanContext) -> Plan:
     if job.spec is None or job.phase == Phase.REJECTED:
         _reject(b, ours)
         return b.build()
+    if not _placed(b):
+        return b.build()
 
     foreign = [o for o in observed.live if o.foreign]
     if foreign:
@@ -310,7 +317,7 @@ def plan(job: JobState, observed: Observed, ctx: PlanContext) -> Plan:
 
     if b.job.current is not None and b.job.current.ref is not None:
         _follow_current(b, current_obs, observed)
-    elif b.job.current is None:
+    elif b.job.current is None and not _moved_away(b):
         _maybe_submit(b)
     b.update(observed_generation=b.job.generation)
     return b.build()
@@ -338,8 +345,60 @@ def _reject(b: _Builder, ours: Sequence[ObjectObs]) -> None:
         b.event("Cancelling", f"rejected row: cancelling Slurm job {obs.ref.id}")
 
 
+def _placed(b: _Builder) -> bool:
+    """Place the job on this shard's cluster (``placement``). False when its document
+    names a cluster the configuration does not know: the job waits, unplaced and
+    unsubmitted, with the reason (the default cluster's shard says so); it is picked up
+    again once the configuration gains that cluster."""
+    clusters = b.ctx.clusters
+    job = b.job
+    if clusters is None:
+        return True
+    assert job.spec is not None
+    missing = placement.unknown(job.spec, clusters)
+    if missing and job.cluster is None and job.current is None and \
+            job.desired != Desired.STOPPED and job.phase not in TERMINAL_PHASES:
+        message = (f"cluster {', '.join(missing)} is not configured here (configured: "
+                   f"{', '.join(clusters.names)}); not submitted until it is")
+        if not any(c.type == "ClusterKnown" and not c.status for c in job.conditions):
+            b.event("Rejected", message)
+        b.condition("ClusterKnown", False, "UnknownCluster", message)
+        b.update(phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING,
+                 reason="UnknownCluster")
+        return False
+    if any(c.type == "ClusterKnown" for c in job.conditions):
+        b.update(conditions=_drop_condition(job.conditions, "ClusterKnown"), reason="")
+    if job.cluster is None:
+        b.update(cluster=clusters.here)
+    return True
+
+
+def _moved_away(b: _Builder) -> bool:
+    """This plan moved the job to another cluster: that cluster's shard submits it."""
+    clusters = b.ctx.clusters
+    return clusters is not None and b.job.cluster not in (None, clusters.here)
+
+
+def _move(b: _Builder, cluster: str, why: str) -> None:
+    """Hand the job (no current object) to another cluster's shard, which plans it from
+    its next tick on."""
+    b.update(cluster=cluster)
+    b.event("Moved", f"{why}: moved to cluster {cluster}")
+
+
 def _submit_refused(b: _Builder, outcome: Outcome) -> None:
-    """sbatch refused the submission (bad partition, policy): the job fails with it."""
+    """sbatch refused the submission (bad partition, policy): the job goes to its next
+    acceptable cluster, or, on its last, fails with it."""
+    clusters = b.ctx.clusters
+    job = b.job
+    nxt = (placement.after_refusal(job.spec, clusters)
+           if clusters is not None and job.spec is not None else None)
+    if nxt is not None and clusters is not None:
+        b.update(current=None, object_state=None,
+                 phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING)
+        _move(b, nxt, f"cluster {clusters.here} refused submission {outcome.submission}: "
+                      f"{outcome.detail}"[:1500])
+        return
     b.update(current=None, phase=Phase.FAILED, object_state=None,
              cause=Cause(CauseKind.UNRUNNABLE, Provenance.SLURM, outcome.detail[:500]))
     b.event("Failed", f"Slurm refused submission {outcome.submission}: "
@@ -709,12 +768,22 @@ def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
             excluded[node] = now + job.policy.exclude_node_ttl_s
     # the time/memory factors are not applied here: the Submit derives them from
     # budgets_used (``resubmission_spec``), which is persisted
+    clusters = b.ctx.clusters
+    where = (placement.for_resubmission(job.spec, job.policy.other_cluster_on, cause.kind,
+                                        clusters)
+             if clusters is not None and job.spec is not None else None)
+    if where is not None and where != job.cluster:
+        # the excluded nodes are this cluster's: they mean nothing on the next one
+        excluded = {}
     b.update(budgets_used=budgets, excluded_nodes=excluded, not_before=now + decision.delay_s,
              current=None, phase=Phase.PENDING, attempt=job.attempt + 1,
              outputs_verified=False)
     b.event("Resubmitting", f"{cause.kind.value}: resubmitting in {decision.delay_s}s "
                             f"(attempt {job.attempt + 1})" + (
                                 "; it never started: no budget spent" if free else ""))
+    if where is not None and where != job.cluster:
+        _move(b, where, f"{cause.kind.value} on cluster {job.cluster} (policy "
+                        "other_cluster_on)")
 
 
 def _unexpired(b: _Builder, excluded: Mapping[str, int]) -> dict[str, int]:
@@ -744,7 +813,7 @@ def _maybe_submit(b: _Builder) -> None:
     b.update(submission=n, current=Current(n, job.attempt, now), not_before=None,
              phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING,
              object_state=None, ended_at=None)
-    b.submissions.append(SubmissionUpdate(job.job_id, n, "intent"))
+    b.submissions.append(SubmissionUpdate(job.job_id, n, "intent", cluster=job.cluster))
     spec = resubmission_spec(job.spec, job.policy, job.budgets_used)
     b.actions.append(Submit(job.job_id, n, job.attempt, spec, excluded,
                             release=job.desired == Desired.RUN))
