@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from controller.errors import ErrInvalid, TransientError
+from controller.errors import ErrConflict, ErrInvalid, TransientError
 from controller.model.setting import redact_url
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -83,13 +83,16 @@ class Store:
     def transaction(self) -> Iterator[Session]:
         """A session inside one transaction: committed on success, rolled back on error.
 
-        Database connectivity failures surface as TransientError.
+        Database connectivity failures surface as TransientError; a row another writer
+        inserted first (a unique key) as ErrConflict.
         """
         try:
             with self._sessions() as session, session.begin():
                 yield session
         except OperationalError as exc:
             raise unavailable(exc) from exc
+        except IntegrityError as exc:
+            raise ErrConflict(f"another writer got there first: {exc.orig}") from exc
 
     def ping(self) -> bool:
         try:

@@ -147,3 +147,15 @@ class Lease(Base):
     epoch: Mapped[int] = mapped_column(BigInteger)
     expires_at_ms: Mapped[int] = mapped_column(BigInteger)
     acquired_at_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Replica(Base):
+    """A daemon sharing the shards (``controller.store.members``): renewed every few
+    seconds; the live rows say how many replicas split the clusters between them."""
+
+    __tablename__ = "replicas"
+
+    holder: Mapped[str] = mapped_column(String(200), primary_key=True)
+    expires_at_ms: Mapped[int] = mapped_column(BigInteger)
+    started_at_ms: Mapped[int] = mapped_column(BigInteger)
+    shards: Mapped[str] = mapped_column(Text, default="", server_default="")  # held, comma

@@ -197,25 +197,28 @@ def list_events(tx: Session, job_id: str, *, limit: int = 200) -> list[Event]:
     return list(reversed(list(rows)))
 
 
-def phase_counts(tx: Session) -> dict[str, int]:
-    """Jobs per phase; a job with no status row yet is pending.
+def phase_counts(tx: Session, cluster: str | None = None, *,
+                 unplaced: bool = True) -> dict[str, int]:
+    """Jobs per phase; a job with no status row yet is pending. With ``cluster``: the
+    jobs placed on it, and (``unplaced``: the default cluster's count) those not placed
+    on any cluster yet.
 
-    Counts ``job_status`` alone (one index scan) plus the number of jobs: every status
-    row belongs to a job (the foreign key cascades on PostgreSQL, and a trigger does on
-    SQLite whatever the connection's ``foreign_keys``: migration 0002)."""
-    rows = tx.execute(
-        select(JobStatus.phase, func.count()).group_by(JobStatus.phase)
-        .union_all(select(literal(None, String), func.count()).select_from(Job))).all()
+    Counts ``job_status`` (one index scan) and the numbers of jobs and of status rows:
+    every status row belongs to a job (the foreign key cascades on PostgreSQL, and a
+    trigger does on SQLite whatever the connection's ``foreign_keys``: migration 0002)."""
+    statuses = select(JobStatus.phase, func.count()).group_by(JobStatus.phase)
+    if cluster is not None:
+        here = JobStatus.cluster == cluster
+        statuses = statuses.where(here | JobStatus.cluster.is_(None) if unplaced else here)
     counts: dict[str, int] = {}
-    jobs = with_status = 0
-    for phase, count in rows:
-        if phase is None:
-            jobs += int(count)
-        else:
-            counts[str(phase)] = counts.get(str(phase), 0) + int(count)
-            with_status += int(count)
-    if jobs > with_status:
-        counts[Phase.PENDING.value] = counts.get(Phase.PENDING.value, 0) + jobs - with_status
+    for phase, count in tx.execute(statuses):
+        counts[str(phase)] = counts.get(str(phase), 0) + int(count)
+    if unplaced:
+        jobs = tx.scalar(select(func.count()).select_from(Job)) or 0
+        with_status = tx.scalar(select(func.count()).select_from(JobStatus)) or 0
+        if jobs > with_status:
+            counts[Phase.PENDING.value] = (counts.get(Phase.PENDING.value, 0)
+                                           + jobs - with_status)
     return counts
 
 
@@ -359,20 +362,33 @@ def _tracked() -> Any:
     return (JobStatus.job_id.is_(None)) | (JobStatus.phase.not_in(TERMINAL))
 
 
-_VERSIONS_QUERY = (select(Job.id, Job.version, JobStatus.version)
-                   .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
-_VERSIONS_SQL: dict[str, str] = {}  # dialect -> _VERSIONS_QUERY with its literals inlined
+def _shard(cluster: str | None) -> Any:
+    """WHERE clause: the tracked jobs the shard of ``cluster`` may plan -- those placed on
+    it and those not placed yet (``controller.reconcile.placement``); None: every one."""
+    if cluster is None:
+        return _tracked()
+    return JobStatus.job_id.is_(None) | (JobStatus.phase.not_in(TERMINAL) & (
+        (JobStatus.cluster == cluster) | JobStatus.cluster.is_(None)))
 
 
-def tracked_versions(tx: Session) -> list[tuple[str, int, int | None]]:
-    """(job id, jobs.version, job_status.version or None) of every tracked job: the cheap
-    read that tells the tick which rows changed since it loaded them. It runs on the
-    driver's cursor: 100k plain tuples cost a fraction of 100k result rows."""
+# (dialect, cluster) -> the versions query with its literals inlined (a cluster name is
+# 1-64 of [A-Za-z0-9_.-]: nothing to quote)
+_VERSIONS_SQL: dict[tuple[str, str | None], str] = {}
+
+
+def tracked_versions(tx: Session, cluster: str | None = None,
+                     ) -> list[tuple[str, int, int | None]]:
+    """(job id, jobs.version, job_status.version or None) of every tracked job (of the
+    shard of ``cluster``: ``_shard``): the cheap read that tells the tick which rows
+    changed since it loaded them. It runs on the driver's cursor: 100k plain tuples cost
+    a fraction of 100k result rows."""
     conn = tx.connection()
     dialect = conn.dialect
-    sql = _VERSIONS_SQL.get(dialect.name)
+    sql = _VERSIONS_SQL.get((dialect.name, cluster))
     if sql is None:
-        sql = _VERSIONS_SQL[dialect.name] = str(_VERSIONS_QUERY.compile(
+        query = (select(Job.id, Job.version, JobStatus.version)
+                 .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_shard(cluster)))
+        sql = _VERSIONS_SQL[(dialect.name, cluster)] = str(query.compile(
             dialect=dialect, compile_kwargs={"literal_binds": True}))
     cursor = conn.connection.cursor()
     try:
@@ -515,7 +531,7 @@ def _status_state(row: Any, job_id: str, cluster: str, *, desired: Desired,
         started_at=row.started_at, ended_at=row.ended_at,
         observed_generation=row.observed_generation,
         conditions=_decode_conditions(row.conditions),
-        outputs_verified=bool(row.outputs_verified),
+        outputs_verified=bool(row.outputs_verified), cluster=_shared(row.cluster),
     )
 
 
@@ -567,7 +583,9 @@ def status_row_values(state: JobState, *, reject_reason: str = "") -> dict[str, 
         "current_since": cur.created_at if cur else None,
         "slurm_job_id": ref.id if ref else None,
         "slurm_submit": ref.submit if ref else None,
-        "cluster": ref.cluster if ref else None,
+        # where the job is placed (``placement``); unplaced: its current object's cluster
+        "cluster": state.cluster if state.cluster is not None else (ref.cluster if ref
+                                                                   else None),
         "object_state": state.object_state.value if state.object_state else None,
         "cause": state.cause.kind.value if state.phase != Phase.REJECTED else "invalid",
         "cause_detail": reject_reason if state.phase == Phase.REJECTED else state.cause.detail,
@@ -629,11 +647,17 @@ class StatusWrite:
 _STATUS_TABLE: Any = JobStatus.__table__
 _EVENT_TABLE: Any = Event.__table__
 _STATUS_UPDATE = update(_STATUS_TABLE).where(_STATUS_TABLE.c.job_id == bindparam("key"))
+# a shard writes only the status rows placed on its cluster, or not placed yet
+_SHARD_STATUS_UPDATE = _STATUS_UPDATE.where(
+    (_STATUS_TABLE.c.cluster == bindparam("shard")) | _STATUS_TABLE.c.cluster.is_(None))
 
 
-def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int) -> set[str]:
+def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int,
+                  cluster: str | None = None) -> set[str]:
     """``save_status`` for many jobs, as one executemany UPDATE and one INSERT; returns
-    the ids of the jobs whose status row was written."""
+    the ids of the jobs whose status row was written. With ``cluster`` (a shard's), a
+    row placed on another cluster meanwhile is not overwritten: ``ErrConflict``, and the
+    caller's transaction rolls back (a new row another shard inserted first: the same)."""
     updates: list[dict[str, Any]] = []
     inserts: list[dict[str, Any]] = []
     written: set[str] = set()
@@ -650,7 +674,14 @@ def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int) -> se
             inserts.append(values)
         written.add(w.state.job_id)
     conn = tx.connection()
-    if updates:
+    if updates and cluster is not None:
+        for values in updates:
+            values["shard"] = cluster
+        changed = conn.execute(_SHARD_STATUS_UPDATE, updates).rowcount
+        if changed is not None and 0 <= changed != len(updates):
+            raise ErrConflict(f"job_status: {len(updates) - changed} of {len(updates)} rows "
+                              "were placed on another cluster meanwhile")
+    elif updates:
         conn.execute(_STATUS_UPDATE, updates)
     if inserts:
         conn.execute(insert(_STATUS_TABLE), inserts)
@@ -706,7 +737,7 @@ def _new_submission(upd: SubmissionUpdate, *, attempt: int, now: int,
                     epoch: int | None) -> dict[str, Any]:
     row: dict[str, Any] = {
         "job_id": upd.job_id, "submission": upd.submission, "attempt": attempt,
-        "status": upd.status, "cluster": None, "slurm_job_id": None, "slurm_submit": None,
+        "status": upd.status, "cluster": upd.cluster, "slurm_job_id": None, "slurm_submit": None,
         "state": None, "cause": None, "cause_detail": "", "exit_code": None, "nodes": "",
         "restart_count": 0, "created_at": now, "started_at": None, "ended_at": None,
         "epoch": epoch, "sluid": None}
