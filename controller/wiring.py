@@ -13,10 +13,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from controller.config import Config, TransportKind
+from controller.config import ClusterEntry, Config, TransportKind
+from controller.daemon.service import build_shard
+from controller.daemon.shard import Shard, lease_name
 from controller.metrics import Metrics
 from controller.runner.base import RateLimiter, Runner
 from controller.runner.local import LocalRunner
@@ -52,35 +54,36 @@ def setup_logging(level: str = "INFO") -> None:
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
-def slurm_user(config: Config) -> str:
-    t = config.transport
+def slurm_user(cluster: ClusterEntry) -> str:
+    t = cluster.transport
     if t.kind is TransportKind.SSH:
         return t.user or getpass.getuser()
     return t.run_as or getpass.getuser()
 
 
-def build_runner(config: Config, *, observer: Callable[[str, float, bool], None] | None = None,
-                 ) -> Runner:
-    t = config.transport
-    limiter = RateLimiter(rate=config.slurm.rate_per_s,
-                          burst=max(1, int(config.slurm.rate_per_s)))
+def build_runner(cluster: ClusterEntry, *,
+                 observer: Callable[[str, float, bool], None] | None = None) -> Runner:
+    """The transport to one cluster, with that cluster's own rate budget."""
+    t = cluster.transport
+    rate = cluster.slurm.rate_per_s
+    limiter = RateLimiter(rate=rate, burst=max(1, int(rate)))
     if t.kind is TransportKind.SSH:
         assert t.host is not None
         known_hosts = t.known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
         keys = [os.path.expanduser(t.key_file)] if t.key_file else []
-        return SSHRunner(t.host, port=t.port, username=slurm_user(config), client_keys=keys,
+        return SSHRunner(t.host, port=t.port, username=slurm_user(cluster), client_keys=keys,
                          known_hosts=known_hosts, default_timeout=t.command_timeout_s,
                          observer=observer, limiter=limiter)
     return LocalRunner(run_as=t.run_as, default_timeout=t.command_timeout_s,
                        observer=observer, limiter=limiter)
 
 
-def build_adapter(config: Config, runner: Runner, *,
+def build_adapter(cluster: ClusterEntry, runner: Runner, *,
                   clock: Callable[[], float] = time.time,
                   write_guard: Callable[[], None] | None = None) -> SlurmAdapter:
-    return SlurmAdapter(runner, cluster=config.cluster.name, settings=config.start_settings(),
-                        user=slurm_user(config), clock=clock,
-                        command_timeout=config.transport.command_timeout_s,
+    return SlurmAdapter(runner, cluster=cluster.name, settings=cluster.start_settings(),
+                        user=slurm_user(cluster), clock=clock,
+                        command_timeout=cluster.transport.command_timeout_s,
                         write_guard=write_guard)
 
 
@@ -90,16 +93,36 @@ def build_store(config: Config) -> Store:
     return Store(config.database.url, idle_tx_timeout_s=config.daemon.lease_ttl_s / 2)
 
 
-def build_lease(config: Config, store: Store) -> Lease:
-    return Lease(store, ttl_s=config.daemon.lease_ttl_s, margin_s=config.daemon.lease_margin_s)
+@dataclass(slots=True)
+class Parts:
+    """The daemon's parts: one store and registry, and per cluster a runner and a shard
+    whose adapter's every Slurm write is guarded by that shard's lease."""
+
+    metrics: Metrics
+    store: Store
+    runners: list[Runner]
+    shards: list[Shard]
+
+    async def close(self) -> None:
+        for runner in self.runners:
+            await runner.close()
 
 
-def build_all(config: Config) -> dict[str, Any]:
-    """The daemon's parts: every Slurm write of the adapter is guarded by the lease."""
-    metrics = Metrics()
-    runner = build_runner(config, observer=metrics.observe_command)
+def build_all(config: Config) -> Parts:
+    metrics = Metrics(cluster=config.default_cluster.name)
     store = build_store(config)
-    lease = build_lease(config, store)
-    adapter = build_adapter(config, runner, write_guard=lease.guard)
-    return {"metrics": metrics, "runner": runner, "adapter": adapter, "store": store,
-            "lease": lease}
+    d = config.daemon
+    runners: list[Runner] = []
+    shards: list[Shard] = []
+    for cluster in config.clusters:
+        view = metrics.for_cluster(cluster.name)
+        runner = build_runner(cluster, observer=view.observe_command)
+        lease = Lease(store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s,
+                      name=lease_name(cluster.name,
+                                      default=cluster.name == config.default_cluster.name))
+        adapter = build_adapter(cluster, runner, write_guard=lease.guard)
+        runners.append(runner)
+        shards.append(build_shard(config, cluster.name, store=store, adapter=adapter,
+                                  metrics=view, lease=lease,
+                                  preflight=adapter.check_preflight))
+    return Parts(metrics, store, runners, shards)

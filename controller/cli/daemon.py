@@ -29,15 +29,13 @@ def _run(args: argparse.Namespace, streams: Streams) -> int:
             raise ErrInvalid("the database has no schema yet: run 'dispatchctl migrate' "
                              "first (or 'dispatchctl run --migrate')", field="database")
     parts = wiring.build_all(config)
-    adapter = parts["adapter"]
-    daemon = Daemon(config, store=parts["store"], adapter=adapter, metrics=parts["metrics"],
-                    lease=parts["lease"], preflight=adapter.check_preflight)
+    daemon = Daemon(config, store=parts.store, metrics=parts.metrics, shards=parts.shards)
 
     async def main() -> None:
         try:
             await daemon.run()
         finally:
-            await parts["runner"].close()
+            await parts.close()
 
     asyncio.run(main())
     return EXIT_OK

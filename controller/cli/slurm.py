@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from controller.cli.base import EXIT_FAILURE, EXIT_OK, Command, Streams, config_of, open_client
-from controller.errors import ErrNotFound
+from controller.errors import DispatchError, ErrNotFound
 from controller.model.ids import parse_job_id
 from controller.model.obs import ObjectRef
 
@@ -35,12 +35,12 @@ def _logs(args: argparse.Namespace, streams: Streams) -> int:
     sub = {s.submission: s for s in found.submissions}.get(number)
     if sub is None or sub.slurm_job_id is None or sub.slurm_submit is None:
         raise ErrNotFound(f"job {job_id} has no submitted Slurm job for submission {number}")
-    ref = ObjectRef(sub.cluster or config.cluster.name, "dj-" + job_id, sub.slurm_job_id,
-                    sub.slurm_submit)
+    cluster = config.cluster_named(sub.cluster or config.default_cluster.name)
+    ref = ObjectRef(cluster.name, "dj-" + job_id, sub.slurm_job_id, sub.slurm_submit)
 
     async def main() -> None:
-        runner = wiring.build_runner(config)
-        adapter = wiring.build_adapter(config, runner)
+        runner = wiring.build_runner(cluster)
+        adapter = wiring.build_adapter(cluster, runner)
         try:
             async for chunk in adapter.output(ref, "stderr" if args.stderr else "stdout",
                                               follow=args.follow, submission=number):
@@ -56,32 +56,51 @@ def _logs(args: argparse.Namespace, streams: Streams) -> int:
 
 def _configure_preflight(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    parser.add_argument("--cluster", action="append", default=None,
+                        help="check only this configured cluster (repeatable; default: "
+                             "every one)")
 
 
 def _preflight(args: argparse.Namespace, streams: Streams) -> int:
+    """Each configured cluster (or those named) in turn; fails when any lacks what the
+    daemon needs or cannot be reached."""
     from controller import wiring
+    from controller.config import ClusterEntry
     from controller.slurm.adapter import preflight_problems
 
     config = config_of(args)
+    clusters = ([config.cluster_named(name) for name in args.cluster] if args.cluster
+                else list(config.clusters))
 
-    async def main() -> tuple[dict[str, Any], list[str]]:
-        runner = wiring.build_runner(config)
+    async def check(cluster: ClusterEntry) -> tuple[dict[str, Any], list[str]]:
+        runner = wiring.build_runner(cluster)
         try:
-            found = await wiring.build_adapter(config, runner).preflight()
+            found = await wiring.build_adapter(cluster, runner).preflight()
+        except DispatchError as exc:
+            return {}, [f"cannot check: {exc}"]
         finally:
             await runner.close()
         return dataclasses.asdict(found), preflight_problems(found)
 
-    caps, problems = asyncio.run(main())
+    results = {cluster.name: asyncio.run(check(cluster)) for cluster in clusters}
+    several = len(results) > 1
     if args.output == "json":
-        print(json.dumps({**caps, "problems": problems}, indent=2, sort_keys=True,
-                         default=str), file=streams.stdout)
+        shown = {name: {**caps, "problems": problems}
+                 for name, (caps, problems) in results.items()}
+        print(json.dumps(shown if several else next(iter(shown.values())), indent=2,
+                         sort_keys=True, default=str), file=streams.stdout)
     else:
-        for key, value in caps.items():
-            print(f"{key:<24} {value}", file=streams.stdout)
-    for problem in problems:  # what the daemon needs and the cluster lacks
-        print(f"preflight: {problem}", file=streams.stderr)
-    return EXIT_FAILURE if problems else EXIT_OK
+        for name, (caps, _) in results.items():
+            if several:
+                print(f"cluster {name}", file=streams.stdout)
+            for key, value in caps.items():
+                print(f"{'  ' if several else ''}{key:<24} {value}", file=streams.stdout)
+    failed = False
+    for name, (_, problems) in results.items():
+        for problem in problems:  # what the daemon needs and the cluster lacks
+            failed = True
+            print(f"preflight: {name + ': ' if several else ''}{problem}", file=streams.stderr)
+    return EXIT_FAILURE if failed else EXIT_OK
 
 
 COMMANDS: dict[str, Command] = {

@@ -77,6 +77,8 @@ from controller.model.obs import (
     StartRequest,
     State,
 )
+from controller.reconcile import placement
+from controller.reconcile.placement import Clusters
 from controller.reconcile.plan import (
     Cancel,
     CheckStarted,
@@ -127,6 +129,8 @@ class TickReport:
     replan_soon: bool = False
     # jobs left unplanned for the next tick: past the submit slice or the time budget
     deferred: int = 0
+    # the clusters this tick's plans moved jobs to (their shards should tick soon)
+    moved_to: set[str] = field(default_factory=set)
 
 
 class Reconciler:
@@ -134,8 +138,14 @@ class Reconciler:
 
     def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
                  clock: Clock = time.time, settings: TickSettings | None = None,
-                 fence: Fence | None = None, budget_s: float | None = None) -> None:
+                 fence: Fence | None = None, budget_s: float | None = None,
+                 clusters: Clusters | None = None) -> None:
         self.store = store
+        # the configured clusters and this shard's (None: one cluster, no placement):
+        # this reconciler plans only the jobs placed on its cluster, or not placed yet
+        # and belonging to it (``controller.reconcile.placement``)
+        self.clusters = clusters
+        self.here = clusters.here if clusters is not None else None
         # after this many seconds a tick takes on no further chunk of jobs (the daemon
         # passes a third of the lease TTL); None: no bound
         self.budget_s = budget_s
@@ -176,7 +186,7 @@ class Reconciler:
         first tick as leader still loads and plans every job (``forget``)."""
         try:
             with self.store.transaction() as tx:
-                ids = [job_id for job_id, _, _ in repo.tracked_versions(tx)
+                ids = [job_id for job_id, _, _ in repo.tracked_versions(tx, self.here)
                        if is_job_id(job_id)]
             await self.adapter.find_many(ids, strays={})
         except DispatchError as exc:
@@ -222,16 +232,18 @@ class Reconciler:
         self._ticks += 1
         began = t0 = time.perf_counter()
         memos = self._track(report)
-        report.tracked = len(memos)
-        self.metrics.tracked.set(len(memos))
+        # the rows not validated yet are asked for too (their observations are ignored
+        # if they turn out invalid); a malformed id never reaches the adapter; nor does
+        # a job another cluster's shard plans
+        wanted = [job_id for job_id, memo in memos.items()
+                  if not memo.elsewhere and (
+                      memo.valid or (memo.valid is None and is_job_id(job_id)))]
+        report.tracked = len(memos) - sum(1 for memo in memos.values() if memo.elsewhere)
+        self.metrics.tracked.set(report.tracked)
         report.timings["load"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         live: dict[str, list[ObjectObs]] = {}
-        # the rows not validated yet are asked for too (their observations are ignored
-        # if they turn out invalid); a malformed id never reaches the adapter
-        wanted = [job_id for job_id, memo in memos.items()
-                  if memo.valid or (memo.valid is None and is_job_id(job_id))]
         strays: dict[str, list[ObjectObs]] = {}  # our dj- objects that no tracked job owns
         # one squeue per tick, even with nothing tracked: the sweep of strays needs it
         try:
@@ -250,7 +262,8 @@ class Reconciler:
         t0 = time.perf_counter()
         down = self.cluster_stats.down_nodes if self.cluster_stats else frozenset()
         ctx = PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
-                          adopt_window_s=self.settings.adopt_window_s, down_nodes=down)
+                          adopt_window_s=self.settings.adopt_window_s, down_nodes=down,
+                          clusters=self.clusters)
         epoch = self._plan_epoch(ctx)
         self._carried = {}
         todo = self._unsettled(live, now, epoch, report)
@@ -318,6 +331,8 @@ class Reconciler:
 
             t0 = time.perf_counter()
             written = self._commit_plans(plans, now) if plans else set()
+            if self.here is not None:
+                self._moves(plans, report)
             self._remember(outcomes, written, ctx, epoch)
             report.timings["store"] += time.perf_counter() - t0
 
@@ -354,7 +369,7 @@ class Reconciler:
                 self._warned = True
                 log.warning("the row version triggers of migration 0002 are missing: "
                             "every job is read and planned every tick")
-            rows = repo.tracked_versions(tx)
+            rows = repo.tracked_versions(tx, self.here)
         memos = self._memos
         born = self._ticks
         if not self._loaded or not self._versions_kept:
@@ -402,6 +417,8 @@ class Reconciler:
         observed = live.get
         pending = self._outcome_book()  # a job with an action outcome is always planned
         for job_id, memo in self._memos.items():
+            if memo.elsewhere:  # another shard's, until its row moves (``_with_rows``)
+                continue
             seen = observed(job_id, _NO_OBS)
             quiet = memo.quiet
             if (quiet is not None and memo.epoch == epoch
@@ -466,14 +483,21 @@ class Reconciler:
                                                  cache=cache)}
         report.reloaded += len(rows)
         kept: list[_Todo] = []
+        clusters = self.clusters
         for item in todo:
             if item.row is None:
                 job = rows.get(item.job_id)
                 if job is None:
                     self._memos.pop(item.job_id, None)
                     continue
-                item.row = job
                 memo = item.memo
+                if clusters is not None and placement.owner(job.state, clusters) != self.here:
+                    # not placed yet, and another cluster's shard places it: not planned
+                    # here until its row moves (then ``_track`` makes a fresh memo)
+                    memo.elsewhere = True
+                    memo.version, memo.status_version = job.version, job.status_version
+                    continue
+                item.row = job
                 # the row as read now is what this tick plans (it may have moved again
                 # since the versions were read: then the next tick plans it once more)
                 memo.version, memo.status_version = job.version, job.status_version
@@ -571,13 +595,17 @@ class Reconciler:
                 loaded = repo.load_tracked(tx, self.adapter.cluster,
                                            ids=unchecked[start:start + chunk])
                 for job in loaded:
+                    if (self.clusters is not None
+                            and placement.owner(job.state, self.clusters) != self.here):
+                        continue  # the default cluster's shard rejects it
                     memo = self._memos.get(job.state.job_id)
                     if memo is not None and (memo.version, memo.status_version) == (
                             job.version, job.status_version):
                         memo.valid = job.state.spec is not None  # not read again
                     if job.state.spec is not None:
                         continue
-                    if repo.save_status(tx, job.state, exists=job.has_status, now=now,
+                    if repo.save_status(tx, replace(job.state, cluster=self.here),
+                                        exists=job.has_status, now=now,
                                         reject_reason=job.reject_reason,
                                         previous=job.previous):
                         repo.add_event(tx, job.state.job_id, "Rejected", job.reject_reason,
@@ -590,7 +618,7 @@ class Reconciler:
         with self._write() as tx:
             written = repo.save_statuses(tx, (
                 repo.StatusWrite(p.status, job.has_status, job.reject_reason, job.previous)
-                for job, p in plans), now=now)
+                for job, p in plans), now=now, cluster=self.here)
             repo.save_submissions(tx, [(upd, p.status.attempt) for _, p in plans
                                        for upd in p.submissions], now=now,
                                   epoch=self.fence.epoch)
@@ -603,6 +631,12 @@ class Reconciler:
         for job, p in plans:
             self._count_transitions(job.state, p.status)
         return written
+
+    def _moves(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], report: TickReport) -> None:
+        """The clusters the committed plans moved jobs to (their shards tick soon)."""
+        for _, p in plans:
+            if p.status.cluster is not None and p.status.cluster != self.here:
+                report.moved_to.add(p.status.cluster)
 
     def _count_transitions(self, before: JobState, after: JobState) -> None:
         if after.phase in TERMINAL_PHASES and after.phase != before.phase:
@@ -819,8 +853,10 @@ class Reconciler:
         self.metrics.stale.set(stale)
         self.metrics.oldest_pending.set(max(0, now - pending_since)
                                         if pending_since is not None else 0)
+        clusters = self.clusters
         with self.store.transaction() as tx:
-            self.metrics.set_phase_counts(repo.phase_counts(tx))
+            self.metrics.set_phase_counts(repo.phase_counts(
+                tx, self.here, unplaced=clusters is None or clusters.default == self.here))
 
 
 # ---------------------------------------------------------------- per-job memory
@@ -845,6 +881,8 @@ class _Memo:
     # slice from a row with no status and no live object (``_past_slice``); 0: none
     deferred_epoch: int = 0
     wrote: bool = False  # its last plan wrote its status (the next version is ours)
+    # not placed yet, and it belongs to another cluster's shard (``_with_rows``)
+    elsewhere: bool = False
 
 
 @dataclass(slots=True)

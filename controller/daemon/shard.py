@@ -1,0 +1,264 @@
+"""One shard: one cluster's lease, reconciler and tick loop inside the daemon.
+
+- Only the holder of the shard's lease (``controller.store.lease``) ticks it; the others
+  stand by and try to take it every tick -- when their daemon may take one more shard
+  (``may_take``: its fair share, ``controller.store.members``). The lease is renewed
+  before every tick (and by the fence when a tick runs long); the tick's writes are
+  fenced on its epoch, and its Slurm writes stop at the lease deadline minus a margin:
+  a leader that stalled (SIGSTOP, a stuck loop) past its lease wakes up as a standby and
+  writes nothing.
+- On gaining the lease: forget everything remembered (the next tick reloads every job)
+  and run preflight, logging what the cluster supports.
+- Ticks run back to back while work waits (a burst's slices, action outcomes, a wake
+  during a tick), at most ``AGAIN_LIMIT`` in a row.
+- A shard asked to shed (its daemon holds more than its fair share) gives its lease up
+  after the tick in progress: another replica takes it at once.
+- Each shard has its own transport, rate budget, capabilities and health: a cluster whose
+  slurmctld is down fails its own reads only.
+
+The lease of the configuration's default (first) cluster is named ``controller`` -- the
+one lease of the single-cluster daemons before it, so a rolling upgrade never has an old
+and a new leader acting at once; every other cluster's is ``cluster/<name>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from controller.errors import DispatchError, LeaseLost
+from controller.metrics import Metrics
+from controller.reconcile.ports import SlurmPort
+from controller.reconcile.tick import Clock, Reconciler, TickReport
+from controller.store.db import Store
+from controller.store.lease import DEFAULT_LEASE, Lease, LeaseInfo, read_lease
+
+log = logging.getLogger("dispatch.daemon")
+
+# Ticks run back to back (a burst's slices, outcomes waiting, wakes during a tick) at most
+# this many times before the interval schedule takes over again: a rule that asks for
+# "again" every tick cannot spin the daemon.
+AGAIN_LIMIT = 100
+
+
+def lease_name(cluster: str, *, default: bool) -> str:
+    """The lease of a cluster's shard (module docstring)."""
+    return DEFAULT_LEASE if default else f"cluster/{cluster}"
+
+
+class Shard:
+    """One cluster's loop. ``may_take`` says whether the daemon may take one more shard
+    now; ``on_moved`` is told the clusters a tick moved jobs to."""
+
+    def __init__(self, name: str, *, store: Store, adapter: SlurmPort, metrics: Metrics,
+                 lease: Lease, reconciler: Reconciler, tick_interval_s: float,
+                 clock: Clock = time.time,
+                 preflight: Callable[[], Awaitable[list[str]]] | None = None,
+                 may_take: Callable[[], bool] = lambda: True,
+                 on_moved: Callable[[set[str]], None] = lambda clusters: None) -> None:
+        self.name = name
+        self.store = store
+        self.adapter = adapter
+        self.metrics = metrics
+        self.lease = lease
+        self.reconciler = reconciler
+        self.tick_interval_s = tick_interval_s
+        self.clock = clock
+        self.preflight = preflight
+        self.may_take = may_take
+        self.on_moved = on_moved
+        self._held_epoch: int | None = None  # the epoch the last tick ran under
+        self.seen: LeaseInfo | None = None  # the lease row as last read
+        self.stopping = False
+        self.shed = False  # give the lease up after the tick in progress
+        self._tick_lock = asyncio.Lock()
+        self._again = False  # tick again right after this one (``wake``)
+        self.kick: Callable[[], None] = lambda: None  # the scheduler's "run now"
+        self.ticks = 0
+
+    @property
+    def held(self) -> bool:
+        return self.lease.held
+
+    @property
+    def busy(self) -> bool:
+        return self._tick_lock.locked()
+
+    # ------------------------------------------------------------ the loop
+
+    async def tick_once(self) -> None:
+        """Leader-guarded ticks; safe to call concurrently (one runs at a time). A wake
+        during a tick is not lost: the next tick follows at once, at most ``AGAIN_LIMIT``
+        in a row before the interval schedule takes over again."""
+        for _ in range(AGAIN_LIMIT):
+            self._again = False
+            await self._tick_guarded()
+            if not self._again or self.stopping:
+                return
+
+    async def _tick_guarded(self) -> None:
+        if self.stopping:
+            return
+        async with self._tick_lock:
+            if self.shed and self.lease.held:
+                await asyncio.to_thread(self.give_up, "shed: more than a fair share held")
+                return  # (not taken again at once: another replica's turn)
+            leader = False
+            if self.lease.held or self.may_take():
+                leader = await asyncio.to_thread(self.lease.try_acquire)
+            await asyncio.to_thread(self._read_lease)
+            if not leader:
+                self._standing_by()
+                if self._takeover_near() and self.may_take():
+                    await self.reconciler.prewarm()
+                return
+            if self.lease.epoch != self._held_epoch:
+                self.reconciler.forget()  # another leader may have acted meanwhile
+                self._held_epoch = self.lease.epoch
+                log.info("leading", extra={"cluster": self.name, "holder": self.lease.holder,
+                                           "epoch": self.lease.epoch})
+                await self._run_preflight()
+            self._publish_leader()
+            report = await self._tick()
+            if report is None:
+                return
+            self.ticks += 1
+            if report.replan_soon:  # an outcome or a burst's rest waits: at once
+                self._again = True
+            if report.moved_to:
+                self.on_moved(report.moved_to)
+            log.info("tick", extra={"cluster": self.name, "tracked": report.tracked,
+                                    "actions": dict(report.actions),
+                                    "errors": len(report.errors), "slurm_ok": report.slurm_ok,
+                                    "epoch": self.lease.epoch,
+                                    "seconds": round(report.duration_s, 3)})
+
+    async def _tick(self) -> TickReport | None:
+        try:
+            return await self.reconciler.tick()
+        except LeaseLost as exc:
+            log.warning("stood down: lease lost during the tick; no further writes",
+                        extra={"cluster": self.name, "epoch": self._held_epoch,
+                               "error": str(exc)})
+            self.lease.drop()
+            self._stand_down()
+            self._publish_leader()
+        except DispatchError as exc:
+            log.warning("tick failed", extra={"cluster": self.name, "error": str(exc)})
+        except Exception:
+            log.exception("tick crashed", extra={"cluster": self.name})
+        self.metrics.ticks.labels(result="error").inc()
+        return None
+
+    def _standing_by(self) -> None:
+        seen = self.seen
+        if self._held_epoch is not None:
+            log.warning("stood down: the lease moved; no further writes",
+                        extra={"cluster": self.name, "epoch": self._held_epoch,
+                               "holder": seen.holder if seen else None})
+            self._stand_down()
+        else:
+            log.debug("standing by", extra={"cluster": self.name,
+                                            "holder": seen.holder if seen else None,
+                                            "epoch": seen.epoch if seen else None})
+        self._publish_leader()
+
+    def give_up(self, why: str) -> None:
+        """Release the lease (shutdown, or shedding): another replica takes it at once."""
+        if self.lease.held:
+            log.info("giving the shard up", extra={"cluster": self.name, "why": why,
+                                                   "epoch": self.lease.epoch})
+        self.lease.release()
+        self.shed = False
+        self._stand_down()
+        self._publish_leader()
+
+    def orphaned(self) -> bool:
+        """The lease as last read has expired (or was never taken): up for grabs."""
+        seen = self.seen
+        return not self.lease.held and (seen is None or seen.expires_at <= self.clock())
+
+    def _takeover_near(self) -> bool:
+        """The lease we stand by has gone unrenewed for half its TTL (a healthy leader
+        renews it every tick, and a long tick halfway): a takeover may come soon."""
+        seen = self.seen
+        window = max(self.lease.ttl_s / 2, self.tick_interval_s + 1)
+        return seen is not None and seen.expires_at - self.clock() <= window
+
+    def _stand_down(self) -> None:
+        self._held_epoch = None
+        self.reconciler.forget()
+
+    def _read_lease(self) -> None:
+        try:
+            with self.store.transaction() as tx:
+                self.seen = read_lease(tx, self.lease.name)
+        except DispatchError:
+            pass  # the last one seen stays
+
+    def _publish_leader(self) -> None:
+        seen = self.seen
+        self.metrics.set_leader(held=self.lease.held, epoch=self.lease.epoch,
+                                holder=seen.holder if seen else None,
+                                seen_epoch=seen.epoch if seen else None)
+
+    async def _run_preflight(self) -> None:
+        """On gaining the lease: what does the cluster support? Logged, never fatal here
+        (``dispatchctl preflight`` is the strict check)."""
+        if self.preflight is None:
+            return
+        try:
+            problems = await self.preflight()
+        except DispatchError as exc:
+            log.warning("preflight failed", extra={"cluster": self.name, "error": str(exc)})
+            return
+        if problems:
+            log.warning("preflight: the cluster lacks what the daemon needs",
+                        extra={"cluster": self.name, "problems": problems})
+        else:
+            log.info("preflight ok", extra={"cluster": self.name})
+
+    async def refresh_cluster_stats(self) -> None:
+        if not self.lease.held:
+            return
+        try:
+            stats = await self.adapter.cluster_stats()
+        except DispatchError as exc:
+            log.warning("cluster stats failed", extra={"cluster": self.name, "error": str(exc)})
+            return
+        self.reconciler.cluster_stats = stats
+        self.metrics.cluster_running.set(stats.running)
+        self.metrics.cluster_pending.set(stats.pending)
+        if stats.estimated_wait_s is not None:
+            self.metrics.queue_wait.labels(method="estimate").set(stats.estimated_wait_s)
+        if stats.observed_wait_s is not None:
+            self.metrics.queue_wait.labels(method="observed").set(stats.observed_wait_s)
+
+    def wake(self) -> None:
+        """Run the tick as soon as possible; during a tick, the next one follows it at
+        once (the scheduler would skip a run while one is in flight)."""
+        self._again = True
+        if not self._tick_lock.locked() and not self.stopping:
+            self.kick()
+
+    def status(self, limit_s: float) -> tuple[bool, str]:
+        """Readiness of this shard: a leader must have ticked within ``limit_s``."""
+        seen = self.seen
+        who = f"holder={seen.holder} epoch={seen.epoch}" if seen else "no lease yet"
+        if not self.lease.held:
+            return True, f"standby (not leader); {who}"
+        last = self.reconciler.last_success
+        if last is None or self.clock() - last > limit_s:
+            return False, f"no successful tick recently; {who}"
+        return True, f"ok; leader {who}"
+
+    async def drain(self) -> None:
+        """Stop ticking; wait for the tick in progress."""
+        self.stopping = True
+        async with self._tick_lock:
+            pass
+
+
+__all__ = ["AGAIN_LIMIT", "Shard", "lease_name"]

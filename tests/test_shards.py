@@ -1,0 +1,205 @@
+"""Shards over one database (issue 12), with fake clusters: each cluster's reconciler plans
+only its own jobs, a refusal hands a job to the next acceptable cluster's shard, no shard
+overwrites a status placed on another, and replicas spread the shards fairly and take a
+dead replica's over. Proven on real clusters in tests/test_e2e_clusters.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from controller.config import Config, parse_config
+from controller.daemon.service import Daemon, build_shard
+from controller.errors import ErrConflict, ErrInvalid
+from controller.metrics import Metrics
+from controller.model.ids import new_job_id
+from controller.model.obs import ObjectRef, StartRequest
+from controller.reconcile.placement import Clusters
+from controller.reconcile.tick import Reconciler
+from controller.store import repo
+from controller.store.db import Store
+from controller.store.members import Membership, list_replicas
+from controller.store.models import JobStatus, Submission
+from tests.fakeslurm import FakeSlurm
+
+NOW = 1_800_000_000
+NAMES = ("cpu", "gpu", "new")
+
+
+class Cluster(FakeSlurm):
+    """A fake cluster with a name, which may refuse every submission."""
+
+    def __init__(self, name: str, clock: list[int], *, refuse: bool = False) -> None:
+        super().__init__(clock)
+        self.cluster = name
+        self.refuse = refuse
+
+    async def start(self, request: StartRequest) -> ObjectRef:
+        if self.refuse:
+            self.calls.append("start-refused")
+            raise ErrInvalid("Batch job submission failed: Required partition not available "
+                             "(inactive or drain)")
+        return await super().start(request)
+
+    def job_ids(self) -> set[str]:
+        return {j.obs.ref.uid.removeprefix("dj-") for j in self.jobs.values()}
+
+
+def add(store: Store, cluster: object = None) -> str:
+    job_id = str(new_job_id())
+    doc: dict[str, Any] = {"command": ["true"], "workdir": "/tmp"}
+    if cluster is not None:
+        doc["cluster"] = cluster
+    with store.transaction() as tx:
+        repo.insert_job(tx, job_id=job_id, document=doc, now=NOW)
+    return job_id
+
+
+def reconciler(store: Store, fake: Cluster, names: tuple[str, ...] = NAMES[:2]) -> Reconciler:
+    return Reconciler(store, fake, metrics=Metrics(cluster=fake.cluster),
+                      clock=lambda: float(fake.clock[0]),
+                      clusters=Clusters(names, fake.cluster))
+
+
+def status(store: Store, job_id: str) -> JobStatus | None:
+    with store.transaction() as tx:
+        return tx.get(JobStatus, job_id)
+
+
+def submissions(store: Store, job_id: str) -> list[tuple[int, str, str | None]]:
+    with store.transaction() as tx:
+        rows = tx.query(Submission).filter_by(job_id=job_id).order_by(Submission.submission)
+        return [(r.submission, r.status, r.cluster) for r in rows]
+
+
+async def test_each_shard_plans_and_submits_only_its_own_jobs(any_store: Store) -> None:
+    clock = [NOW]
+    cpu, gpu = Cluster("cpu", clock), Cluster("gpu", clock)
+    jobs = {"default": add(any_store), "cpu": add(any_store, "cpu"),
+            "gpu": add(any_store, "gpu"), "gpu-then-cpu": add(any_store, ["gpu", "cpu"]),
+            "unknown": add(any_store, ["gpu", "new"])}
+    a, b = reconciler(any_store, cpu), reconciler(any_store, gpu)
+    for _ in range(2):
+        await a.tick()
+        await b.tick()
+    assert cpu.job_ids() == {jobs["default"], jobs["cpu"]}
+    assert gpu.job_ids() == {jobs["gpu"], jobs["gpu-then-cpu"]}
+    for name, cluster in (("default", "cpu"), ("cpu", "cpu"), ("gpu", "gpu"),
+                          ("gpu-then-cpu", "gpu")):
+        row = status(any_store, jobs[name])
+        assert row is not None and row.cluster == cluster, name
+        assert submissions(any_store, jobs[name]) == [(1, "submitted", cluster)]
+    # a cluster the configuration does not know: the default's shard says so, and the
+    # job waits unplaced and unsubmitted
+    row = status(any_store, jobs["unknown"])
+    assert row is not None and row.cluster is None and row.phase == "pending"
+    assert "cluster new is not configured" in row.conditions
+    assert submissions(any_store, jobs["unknown"]) == []
+    # a replica whose configuration gains that cluster: the job's first cluster (gpu)
+    # places and submits it
+    await reconciler(any_store, gpu, NAMES).tick()
+    assert jobs["unknown"] in gpu.job_ids()
+    assert submissions(any_store, jobs["unknown"]) == [(1, "submitted", "gpu")]
+
+
+async def test_a_refusal_hands_the_job_to_the_next_cluster(any_store: Store) -> None:
+    clock = [NOW]
+    cpu, gpu = Cluster("cpu", clock, refuse=True), Cluster("gpu", clock)
+    job_id = add(any_store, ["cpu", "gpu"])
+    a, b = reconciler(any_store, cpu), reconciler(any_store, gpu)
+    report = await a.tick()  # refused
+    assert report.replan_soon and cpu.calls.count("start-refused") == 1
+    report = await a.tick()  # the next plan moves it
+    assert report.moved_to == {"gpu"}
+    await b.tick()
+    assert gpu.job_ids() == {job_id} and cpu.jobs == {}
+    assert submissions(any_store, job_id) == [(1, "abandoned", "cpu"), (2, "submitted", "gpu")]
+    row = status(any_store, job_id)
+    assert row is not None and row.cluster == "gpu" and row.phase == "pending"
+    await a.tick()  # cpu's shard no longer tracks it
+    assert a.metrics.tracked._value.get() == 0  # type: ignore[attr-defined]
+
+
+def test_a_shard_never_overwrites_a_status_placed_on_another(any_store: Store) -> None:
+    job_id = add(any_store, "cpu")
+    with any_store.transaction() as tx:
+        (loaded,) = repo.load_tracked(tx, "cpu", ids=[job_id])
+        repo.save_statuses(tx, [repo.StatusWrite(replace(loaded.state, cluster="cpu"), False)],
+                           now=NOW, cluster="cpu")
+    with pytest.raises(ErrConflict), any_store.transaction() as tx:
+        (loaded,) = repo.load_tracked(tx, "gpu", ids=[job_id])
+        repo.save_statuses(tx, [repo.StatusWrite(replace(loaded.state, reason="mine"), True)],
+                           now=NOW, cluster="gpu")
+    row = status(any_store, job_id)
+    assert row is not None and row.cluster == "cpu" and row.reason == ""
+
+
+# ---------------------------------------------------------------- replicas
+
+
+def three_clusters() -> Config:
+    return parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                         "clusters": [{"name": name} for name in NAMES]})
+
+
+def replica(store: Store, config: Config, clock: list[float]) -> Daemon:
+    metrics = Metrics(cluster=config.default_cluster.name)
+    fakes = [Cluster(name, [NOW]) for name in config.cluster_names]
+    shards = [build_shard(config, fake.cluster, store=store, adapter=fake,
+                          metrics=metrics.for_cluster(fake.cluster), clock=lambda: clock[0])
+              for fake in fakes]
+    for shard in shards[1:]:  # one holder id per replica
+        shard.lease.holder = shards[0].lease.holder
+    return Daemon(config, store=store, metrics=metrics, shards=shards, clock=lambda: clock[0],
+                  membership=Membership(store, holder=shards[0].lease.holder,
+                                        ttl_s=config.daemon.lease_ttl_s,
+                                        clock=lambda: clock[0]))
+
+
+async def rounds(daemons: list[Daemon], n: int) -> None:
+    for _ in range(n):
+        for d in daemons:
+            d.count_replicas()
+            await d.tick_once()
+
+
+def held(daemons: list[Daemon]) -> list[list[str]]:
+    return [sorted(s.name for s in d.held()) for d in daemons]
+
+
+async def test_replicas_spread_the_shards_and_take_over_a_dead_ones(pg_store: Store) -> None:
+    config = three_clusters()
+    clock = [float(NOW)]
+    first = replica(pg_store, config, clock)
+    await rounds([first], 1)
+    assert held([first]) == [list(NAMES)]  # alone: every shard
+    daemons = [first, replica(pg_store, config, clock), replica(pg_store, config, clock)]
+    await rounds(daemons, 4)  # the first gives one up per count, the others take them
+    spread = held(daemons)
+    assert sorted(len(h) for h in spread) == [1, 1, 1], spread
+    assert sorted(n for h in spread for n in h) == sorted(NAMES)
+    assert {r.holder: r.shards for r in list_replicas(pg_store, clock=lambda: clock[0])} == {
+        d.membership.holder: tuple(h) for d, h in zip(daemons, spread, strict=True)}
+    # the replica holding "gpu" dies: nothing renews its lease or its membership
+    dead = next(d for d in daemons if [s.name for s in d.held()] == ["gpu"])
+    alive = [d for d in daemons if d is not dead]
+    step = config.daemon.tick_interval_s
+    waited = 0.0
+    while "gpu" not in {n for h in held(alive) for n in h}:
+        assert waited <= config.daemon.lease_ttl_s + step, held(alive)  # TTL + one tick
+        clock[0] += step
+        waited += step
+        await rounds(alive, 1)
+    after = held(alive)
+    assert sorted(n for h in after for n in h) == sorted(NAMES), after
+    assert sorted(len(h) for h in after) == [1, 2]
+
+
+async def test_a_lone_daemon_on_sqlite_holds_every_shard(sqlite_store: Store) -> None:
+    config = three_clusters()
+    clock = [float(NOW)]
+    d = replica(sqlite_store, config, clock)
+    await rounds([d], 2)
+    assert held([d]) == [list(NAMES)]
