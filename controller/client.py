@@ -20,7 +20,7 @@ from controller.model.job import TERMINAL_PHASES, Desired
 from controller.model.spec import JobDocument
 from controller.store import repo
 from controller.store.db import Store
-from controller.store.lease import LeaseInfo, read_lease
+from controller.store.lease import LeaseInfo, read_lease, read_leases
 from controller.store.models import Event, Submission
 
 TERMINAL = frozenset(p.value for p in TERMINAL_PHASES)
@@ -34,6 +34,7 @@ class Description:
     job: repo.JobView | None = None
     submissions: tuple[Submission, ...] = ()
     events: tuple[Event, ...] = ()
+    leases: tuple[LeaseInfo, ...] = ()  # every shard's lease (``leader``: the default's)
 
 
 class Client:
@@ -90,11 +91,12 @@ class Client:
         in one transaction."""
         with self.store.transaction() as tx:
             leader = read_lease(tx)
+            leases = tuple(read_leases(tx))
             if job_id is None:
-                return Description(leader)
+                return Description(leader, leases=leases)
             (view,) = repo.list_jobs(tx, job_id=job_id)
             return Description(leader, view, tuple(repo.list_submissions(tx, job_id)),
-                               tuple(repo.list_events(tx, job_id)))
+                               tuple(repo.list_events(tx, job_id)), leases=leases)
 
     def _set(self, job_ids: list[str], desired: Desired) -> int:
         with self.store.transaction() as tx:

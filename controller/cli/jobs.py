@@ -31,6 +31,7 @@ from controller.model.obs import StartRequest
 from controller.slurm.naming import MAX_SUBMISSION
 from controller.slurm.script import render_start_script
 from controller.store import repo
+from controller.store.lease import DEFAULT_LEASE
 
 # ---------------------------------------------------------------- submit
 
@@ -111,12 +112,12 @@ def _get(args: argparse.Namespace, streams: Streams) -> int:
         print(json.dumps(out, indent=2, sort_keys=True), file=streams.stdout)
         return EXIT_OK
     now = time.time()
-    headers = ["ID", "PHASE", "ATTEMPT", "SUBMISSION", "SLURM-ID", "CAUSE", "AGE"]
+    headers = ["ID", "PHASE", "CLUSTER", "ATTEMPT", "SUBMISSION", "SLURM-ID", "CAUSE", "AGE"]
     if args.output == "wide":
         headers += ["STATE", "NODES", "REASON", "DESIRED"]
     rows = []
     for v in views:
-        row = [v.id, v.phase, str(v.attempt), str(v.submission),
+        row = [v.id, v.phase, v.cluster or "-", str(v.attempt), str(v.submission),
                str(v.slurm_job_id or "-"), v.cause or "-", _age(now, v.created_at)]
         if args.output == "wide":
             row += [v.object_state or "-", v.nodes or "-", v.reason or "-", v.desired]
@@ -143,19 +144,20 @@ def _describe(args: argparse.Namespace, streams: Streams) -> int:
     with open_client(config_of(args)) as client:
         found = client.describe(args.id)
     out = streams.stdout
-    lease = found.leader
-    if lease is None:
+    if not found.leases:
         print("Leader:      - (no daemon has taken the lease yet)", file=out)
-    else:
+    for lease in found.leases:  # one per shard: "controller" is the default cluster's
         left = lease.expires_at - time.time()
+        shard = "" if lease.name == DEFAULT_LEASE else f" [{lease.name}]"
         print(f"Leader:      {lease.holder} (epoch {lease.epoch}, "
-              + (f"expires in {left:.0f}s)" if left > 0 else f"expired {-left:.0f}s ago)"),
-              file=out)
+              + (f"expires in {left:.0f}s)" if left > 0 else f"expired {-left:.0f}s ago)")
+              + shard, file=out)
     view = found.job
     if view is None:
         return EXIT_OK
     print(f"ID:          {view.id}", file=out)
     print(f"Phase:       {view.phase}", file=out)
+    print(f"Cluster:     {view.cluster or '- (not placed yet)'}", file=out)
     print(f"Desired:     {view.desired} (generation {view.generation})", file=out)
     print(f"Labels:      {','.join(f'{k}={v}' for k, v in sorted(view.labels.items())) or '-'}",
           file=out)
@@ -169,10 +171,11 @@ def _describe(args: argparse.Namespace, streams: Streams) -> int:
         print(f"  {c['type']:<18} {c['status']!s:<6} {c['reason']:<16} "
               f"since {_ts(c['since'])}  {c['message']}", file=out)
     print("Submissions:", file=out)
-    print(f"  {'N':>3} {'ATTEMPT':>7} {'SLURM-ID':>9} {'STATUS':<10} {'STATE':<9} "
-          f"{'CAUSE':<14} {'EXIT':>4} NODES", file=out)
+    print(f"  {'N':>3} {'ATTEMPT':>7} {'CLUSTER':<12} {'SLURM-ID':>9} {'STATUS':<10} "
+          f"{'STATE':<9} {'CAUSE':<14} {'EXIT':>4} NODES", file=out)
     for s in found.submissions:
-        print(f"  {s.submission:>3} {s.attempt:>7} {s.slurm_job_id or '-':>9} {s.status:<10} "
+        print(f"  {s.submission:>3} {s.attempt:>7} {s.cluster or '-':<12} "
+              f"{s.slurm_job_id or '-':>9} {s.status:<10} "
               f"{s.state or '-':<9} {s.cause or '-':<14} "
               f"{'-' if s.exit_code is None else s.exit_code:>4} {s.nodes or '-'}", file=out)
     print("Events:", file=out)

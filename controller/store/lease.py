@@ -67,6 +67,13 @@ def read_lease(tx: Session, name: str = DEFAULT_LEASE) -> LeaseInfo | None:
                      row.acquired_at_ms / 1000.0)
 
 
+def read_leases(tx: Session) -> list[LeaseInfo]:
+    """Every lease row (one per shard), by name."""
+    return [LeaseInfo(row.name, row.holder, row.epoch, row.expires_at_ms / 1000.0,
+                      row.acquired_at_ms / 1000.0)
+            for row in tx.execute(select(LeaseRow).order_by(LeaseRow.name)).scalars()]
+
+
 class Lease:
     """This process's view of one lease. Not thread-safe: use it from one thread or loop."""
 

@@ -130,6 +130,7 @@ class JobView:
     conditions: list[dict[str, Any]]
     created_at: int
     updated_at: int
+    cluster: str | None = None  # where it is placed (None: not yet)
 
     @property
     def warning(self) -> bool:
@@ -146,7 +147,7 @@ class JobView:
             "cause": self.cause, "cause_detail": self.cause_detail, "exit_code": self.exit_code,
             "object_state": self.object_state, "reason": self.reason, "nodes": self.nodes,
             "conditions": self.conditions, "created_at": self.created_at,
-            "updated_at": self.updated_at,
+            "updated_at": self.updated_at, "cluster": self.cluster,
         }
 
 
@@ -170,6 +171,7 @@ def _view(job: Job, status: JobStatus | None) -> JobView:
         nodes=status.nodes if status else "",
         conditions=json.loads(status.conditions) if status else [],
         created_at=job.created_at, updated_at=status.updated_at if status else job.updated_at,
+        cluster=status.cluster if status else None,
     )
 
 
