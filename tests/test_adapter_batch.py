@@ -41,6 +41,9 @@ SUBMIT_LIMIT_STDERR = {
     "policy-alone": "sbatch: error: Batch job submission failed: Job violates accounting/QOS "
                     "policy (job submit limit, user's size and/or time limits)\n",
     "queue-full": "sbatch: error: Batch job submission failed: Slurm job queue full\n",
+    # a partition an administrator drained (scontrol update State=DRAIN), 22.05-26.05
+    "partition-drained": "sbatch: error: Batch job submission failed: Required partition "
+                         "not available (inactive or drain)\n",
 }
 
 

@@ -143,6 +143,18 @@ def test_a_refusal_moves_the_job_to_its_next_acceptable_cluster() -> None:
     assert nxt.submissions[-1].cluster == B
 
 
+def test_a_deferral_moves_the_job_and_on_the_last_cluster_backs_off() -> None:
+    first = plan(spec([A, B]), Observed(), ctx(A))
+    outcome = Outcome(OutcomeKind.SUBMIT_DEFERRED, 1, "Required partition not available")
+    moved = plan(first.status, Observed(outcomes=(outcome,)), ctx(A)).status
+    assert moved.cluster == B and moved.phase == Phase.PENDING and moved.not_before is None
+    on_b = plan(moved, Observed(), ctx(B))
+    outcome = Outcome(OutcomeKind.SUBMIT_DEFERRED, 2, "Required partition not available")
+    waits = plan(on_b.status, Observed(outcomes=(outcome,)), ctx(B)).status
+    assert waits.cluster == B and waits.phase == Phase.PENDING and waits.current is None
+    assert waits.not_before is not None and waits.not_before > NOW
+
+
 def test_a_refusal_on_the_last_acceptable_cluster_fails_the_job() -> None:
     after = refused(replace(spec([A, B]), cluster=B), B)
     assert after.phase == Phase.FAILED and after.cause.kind == CauseKind.UNRUNNABLE

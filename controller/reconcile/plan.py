@@ -386,18 +386,26 @@ def _move(b: _Builder, cluster: str, why: str) -> None:
     b.event("Moved", f"{why}: moved to cluster {cluster}")
 
 
-def _submit_refused(b: _Builder, outcome: Outcome) -> None:
-    """sbatch refused the submission (bad partition, policy): the job goes to its next
-    acceptable cluster, or, on its last, fails with it."""
+def _next_cluster(b: _Builder, outcome: Outcome) -> bool:
+    """This cluster did not accept the submission: a job that accepts a next cluster
+    moves there (``placement.after_refusal``; the first that accepts wins)."""
     clusters = b.ctx.clusters
     job = b.job
     nxt = (placement.after_refusal(job.spec, clusters)
            if clusters is not None and job.spec is not None else None)
-    if nxt is not None and clusters is not None:
-        b.update(current=None, object_state=None,
-                 phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING)
-        _move(b, nxt, f"cluster {clusters.here} refused submission {outcome.submission}: "
-                      f"{outcome.detail}"[:1500])
+    if nxt is None or clusters is None:
+        return False
+    b.update(current=None, object_state=None,
+             phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING)
+    _move(b, nxt, f"cluster {clusters.here} did not accept submission {outcome.submission}: "
+                  f"{outcome.detail}"[:1500])
+    return True
+
+
+def _submit_refused(b: _Builder, outcome: Outcome) -> None:
+    """sbatch refused the submission (bad partition, policy): the job goes to its next
+    acceptable cluster, or, on its last, fails with it."""
+    if _next_cluster(b, outcome):
         return
     b.update(current=None, phase=Phase.FAILED, object_state=None,
              cause=Cause(CauseKind.UNRUNNABLE, Provenance.SLURM, outcome.detail[:500]))
@@ -406,9 +414,12 @@ def _submit_refused(b: _Builder, outcome: Outcome) -> None:
 
 
 def _submit_deferred(b: _Builder, outcome: Outcome) -> None:
-    """A submit limit (back-pressure): nothing was created. The job stays pending, spends
-    no budget, and tries again after a backoff that doubles while the limit lasts (the
-    wait is as long as the deferral streak so far, within the policy's backoff bounds)."""
+    """A submit limit or a drained partition (back-pressure): nothing was created. A job
+    that accepts a next cluster moves there; else it stays pending, spends no budget, and
+    tries again after a backoff that doubles while the limit lasts (the wait is as long
+    as the deferral streak so far, within the policy's backoff bounds)."""
+    if _next_cluster(b, outcome):
+        return
     job, now = b.job, b.ctx.now
     policy = job.policy
     streak = next((c.since for c in job.conditions

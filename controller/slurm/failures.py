@@ -61,6 +61,9 @@ _FAILURES: Final[tuple[tuple[re.Pattern[str], _Kind], ...]] = tuple(
         (r"\b(?:Assoc|QOS)\w*(?:PerJob|PerNode|WallDuration|Min\w+)\w*Limit\b", _Kind.INVALID),
         (r"Job violates accounting/QOS policy \(job submit limit", _Kind.BACK_PRESSURE),
         (r"Slurm job queue full", _Kind.BACK_PRESSURE),
+        # sbatch to a partition an administrator drained or made inactive: not now, on this
+        # cluster (a job that accepts another cluster moves there; else it waits)
+        (r"Required partition not available", _Kind.BACK_PRESSURE),
         (r"Socket timed out", _Kind.TRANSIENT),
         (r"backup controller in standby mode", _Kind.TRANSIENT),
         (r"Unable to create job record, try again", _Kind.TRANSIENT),
