@@ -21,6 +21,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_ENV_FILE = Path("/var/lib/dispatch-slurm/env")
 DISPATCHCTL = str(Path(sys.executable).parent / "dispatchctl")
+CLUSTER = "lab"  # the [cluster] name of the daemons' configs here and in fault_support
+
+
+def metric_key(name: str, cluster: str = CLUSTER, **labels: str) -> str:
+    """The key ``scrape`` gives a sample of a per-cluster family, its labels (``cluster``
+    and ``labels``) sorted by name as prometheus_client prints them:
+    ``metric_key("dispatch_ticks_total", result="ok")`` is
+    ``dispatch_ticks_total{cluster="lab",result="ok"}``, and ``cause`` comes before
+    ``cluster``."""
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted({"cluster": cluster, **labels}.items()))
+    return f"{name}{{{inner}}}"
 
 
 def slurm_env(*options: str) -> dict[str, str]:
@@ -47,7 +58,7 @@ def write_config(path: Path, *, database_url: str, port: int, tick_s: float = 1.
     out_dir = "/tmp/dispatch-e2e-output"
     path.write_text(f"""
 [cluster]
-name = "lab"
+name = "{CLUSTER}"
 [transport]
 kind = "local"
 run_as = "dispatch"
@@ -142,7 +153,7 @@ def daemon(tmp: Path, database_url: str, **kw: Any) -> Iterator[DaemonProcess]:
     d = DaemonProcess(cfg, port, tmp / f"daemon-{port}")
     d.start()
     try:
-        wait_for(lambda: "dispatch_leader" in d.metrics(), timeout=30,
+        wait_for(lambda: metric_key("dispatch_leader") in d.metrics(), timeout=30,
                  what="daemon metrics endpoint")
         yield d
     finally:

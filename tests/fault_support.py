@@ -52,9 +52,11 @@ from sqlalchemy import create_engine, text
 
 from controller.runner.base import CommandResult, Runner
 from tests.daemon_harness import (
+    CLUSTER,
     DaemonProcess,
     SacctRecord,
     free_port,
+    metric_key,
     ran,
     sacct_records,
     scrape,
@@ -571,7 +573,7 @@ known_hosts = "{env['SSH_KNOWN_HOSTS']}"
         transport_table = 'kind = "local"\nrun_as = "dispatch"\n'
     return f"""
 [cluster]
-name = "lab"
+name = "{CLUSTER}"
 [transport]
 {transport_table}command_timeout_s = {command_timeout_s}
 [output]
@@ -659,8 +661,8 @@ def wait_healthy_tick(d: FaultDaemon, after: float, *, timeout: float) -> float:
     Slurm, started after ``after``."""
     def done() -> bool:
         m = d.metrics()
-        return (m.get("dispatch_last_successful_tick_timestamp_seconds", 0.0) > after
-                and m.get("dispatch_slurm_up") == 1.0)
+        tick = m.get(metric_key("dispatch_last_successful_tick_timestamp_seconds"), 0.0)
+        return tick > after and m.get(metric_key("dispatch_slurm_up")) == 1.0
     wait_for(done, timeout=timeout, interval=0.25, what="a healthy tick after the fault")
     return time.time() - after
 
@@ -706,10 +708,10 @@ def status_snapshot(database_url: str) -> dict[str, tuple[Any, ...]]:
 
 
 __all__ = [
-    "ENV_FILE", "OUTPUT_DIR", "ROWS", "SUMMARY_FILE", "TERMINAL", "FaultDaemon", "FaultRow",
-    "ListSink", "RecordingRunner", "Tally", "cancel_user_jobs", "config_text",
+    "CLUSTER", "ENV_FILE", "OUTPUT_DIR", "ROWS", "SUMMARY_FILE", "TERMINAL", "FaultDaemon",
+    "FaultRow", "ListSink", "RecordingRunner", "Tally", "cancel_user_jobs", "config_text",
     "emit", "event_counts", "executions", "fault_daemon", "format_table", "http_status",
-    "in_squeue", "intents_left", "is_write", "kill_ssh_sessions", "knob",
+    "in_squeue", "intents_left", "is_write", "kill_ssh_sessions", "knob", "metric_key",
     "metrics_text", "pg_ctl", "pg_ready", "pg_role_database", "pg_version",
     "psql_admin", "query", "read_records", "record_row", "restore_cluster",
     "sbatch_count", "scrape", "session_rows", "slurm_ctl", "slurm_env", "slurm_up",

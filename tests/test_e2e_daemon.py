@@ -17,6 +17,7 @@ from controller.store.db import Store
 from tests.daemon_harness import (
     cancel_all,
     daemon,
+    metric_key,
     ran,
     sacct_records,
     scrape,
@@ -141,8 +142,8 @@ def test_fifty_jobs_through_the_daemon(cluster: dict[str, str], tmp_path: Path,
     for job_id, states in by_job.items():
         assert len(states) == allowed[job_id], (job_id, states)
     assert sorted(by_job[lost]) == ["COMPLETED", "NODE_FAIL"]
-    assert metrics['dispatch_resubmissions_total{cause="node-lost"}'] >= 1
-    assert metrics['dispatch_resubmissions_total{cause="non-zero-exit"}'] == 2
+    assert metrics[metric_key("dispatch_resubmissions_total", cause="node-lost")] >= 1
+    assert metrics[metric_key("dispatch_resubmissions_total", cause="non-zero-exit")] == 2
     assert _node_state(node) in ("idle", "mixed", "allocated")
 
 
@@ -188,23 +189,23 @@ def test_two_daemons_on_postgresql_one_leader(cluster: dict[str, str], tmp_path:
     client = Client(pg_url)
     ttl = "lease_ttl_s = 10"  # the standby takes over within 10 s, not the default 30
     with daemon(tmp_path, pg_url, extra=ttl) as first:
-        wait_for(lambda: first.metrics().get("dispatch_leader") == 1.0, timeout=30,
+        wait_for(lambda: first.metrics().get(metric_key("dispatch_leader")) == 1.0, timeout=30,
                  what="first daemon to lead")
         with daemon(tmp_path, pg_url, extra=ttl) as second:
-            wait_for(lambda: "dispatch_leader" in second.metrics(), timeout=30,
+            wait_for(lambda: metric_key("dispatch_leader") in second.metrics(), timeout=30,
                      what="the standby serving its metrics")
-            assert second.metrics()["dispatch_leader"] == 0.0
+            assert second.metrics()[metric_key("dispatch_leader")] == 0.0
             ids = [client.submit(_doc(["true"])) for _ in range(5)]
             _wait_terminal(client, ids, timeout=60)
-            assert second.metrics()["dispatch_submissions_total"] == 0.0
-            assert first.metrics()["dispatch_submissions_total"] == 5.0
+            assert second.metrics()[metric_key("dispatch_submissions_total")] == 0.0
+            assert first.metrics()[metric_key("dispatch_submissions_total")] == 5.0
             first.kill()
-            wait_for(lambda: second.metrics().get("dispatch_leader") == 1.0, timeout=60,
+            wait_for(lambda: second.metrics().get(metric_key("dispatch_leader")) == 1.0, timeout=60,
                      what="standby to take over")
             more = [client.submit(_doc(["true"])) for _ in range(5)]
             final = _wait_terminal(client, more, timeout=60)
             assert {v["phase"] for v in final.values()} == {"succeeded"}
-            assert second.metrics()["dispatch_submissions_total"] == 5.0
+            assert second.metrics()[metric_key("dispatch_submissions_total")] == 5.0
 
 
 def test_notify_wakes_the_loop_on_postgresql(cluster: dict[str, str], tmp_path: Path,
@@ -214,11 +215,11 @@ def test_notify_wakes_the_loop_on_postgresql(cluster: dict[str, str], tmp_path: 
     client = Client(pg_url)
     # a tick of 60 s needs a lease longer than the tick plus its margin
     with daemon(tmp_path, pg_url, tick_s=60, extra="lease_ttl_s = 120") as d:
-        wait_for(lambda: d.metrics().get("dispatch_leader") == 1.0, timeout=30,
+        wait_for(lambda: d.metrics().get(metric_key("dispatch_leader")) == 1.0, timeout=30,
                  what="leader")
         # its first tick done: the insert below comes inside the 60 s interval
-        wait_for(lambda: any(k.startswith("dispatch_ticks_total{") for k in d.metrics()),
-                 timeout=30, what="the leader's first tick")
+        wait_for(lambda: d.metrics().get(metric_key("dispatch_ticks_total", result="ok"),
+                                         0) >= 1, timeout=30, what="the leader's first tick")
         started = time.monotonic()
         jid = client.submit(_doc(["true"]))
         wait_for(lambda: client.get(jid)["slurm_job_id"] is not None, timeout=20,

@@ -10,7 +10,7 @@ import pytest
 
 from controller.client import Client
 from controller.store.db import Store
-from tests.daemon_harness import cancel_all, daemon, slurm_env, wait_for
+from tests.daemon_harness import cancel_all, daemon, metric_key, slurm_env, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ def test_metrics_agree_with_the_database(tmp_path: Path) -> None:
             phases = [client.get(i)["phase"] for i in ids]
             return phases.count("running") == 8 and phases.count("pending") == 4
         wait_for(settled, timeout=60, what="8 running and 4 queued")
-        wait_for(lambda: d.metrics()["dispatch_jobs_running"] == 8.0, timeout=15,
+        wait_for(lambda: d.metrics()[metric_key("dispatch_jobs_running")] == 8.0, timeout=15,
                  what="the running gauge")
         m = d.metrics()
         views = client.list_jobs()
@@ -38,13 +38,13 @@ def test_metrics_agree_with_the_database(tmp_path: Path) -> None:
         for v in views:
             by_phase[v["phase"]] = by_phase.get(v["phase"], 0) + 1
         for phase, count in by_phase.items():
-            assert m[f'dispatch_jobs{{phase="{phase}"}}'] == count
-        assert m["dispatch_jobs_queued"] == 5.0  # 4 pending + 1 held (gated)
-        assert m['dispatch_job_objects{state="gated"}'] == 1.0
-        assert m["dispatch_submissions_total"] == 13.0
-        assert m["dispatch_slurm_up"] == 1.0 and m["dispatch_leader"] == 1.0
-        assert m['dispatch_slurm_commands_total{command="squeue"}'] >= 1
-        wait_for(lambda: d.metrics()["dispatch_cluster_jobs_running"] >= 8, timeout=20,
+            assert m[metric_key("dispatch_jobs", phase=phase)] == count
+        assert m[metric_key("dispatch_jobs_queued")] == 5.0  # 4 pending + 1 held (gated)
+        assert m[metric_key("dispatch_job_objects", state="gated")] == 1.0
+        assert m[metric_key("dispatch_submissions_total")] == 13.0
+        assert m[metric_key("dispatch_slurm_up")] == 1.0 and m[metric_key("dispatch_leader")] == 1.0
+        assert m[metric_key("dispatch_slurm_commands_total", command="squeue")] >= 1
+        wait_for(lambda: d.metrics()[metric_key("dispatch_cluster_jobs_running")] >= 8, timeout=20,
                  what="cluster-wide gauges")
         # induced node loss: every running job ends NODE_FAIL and is resubmitted by policy
         node = env["NODE"]
@@ -52,7 +52,7 @@ def test_metrics_agree_with_the_database(tmp_path: Path) -> None:
                         "Reason=metrics-test"], check=True)
         try:
             wait_for(lambda: d.metrics().get(
-                'dispatch_resubmissions_total{cause="node-lost"}', 0) >= 8, timeout=60,
+                metric_key("dispatch_resubmissions_total", cause="node-lost"), 0) >= 8, timeout=60,
                 what="node-lost resubmissions")
         finally:
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
@@ -61,5 +61,5 @@ def test_metrics_agree_with_the_database(tmp_path: Path) -> None:
                  what="attempts recorded")
         m = d.metrics()
         attempts = sum(v["attempt"] for v in client.list_jobs())
-        assert m['dispatch_resubmissions_total{cause="node-lost"}'] == attempts
+        assert m[metric_key("dispatch_resubmissions_total", cause="node-lost")] == attempts
     cancel_all()

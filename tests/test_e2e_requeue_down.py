@@ -31,6 +31,7 @@ from tests.fault_support import (
     executions,
     fault_daemon,
     in_squeue,
+    metric_key,
     slurm_up,
     squeue_state,
     views,
@@ -128,7 +129,7 @@ def test_requeued_job_finished_while_daemon_down(short_min_job_age: dict[str, st
     with fault_daemon(tmp_path, url, unknown_grace_s=UNKNOWN_GRACE_S) as d2:
         final = wait_terminal(client, [job], timeout=60)[job]
         # a few more ticks: a wrong ending (lost, resubmitted) would show now
-        ok = 'dispatch_ticks_total{result="ok"}'
+        ok = metric_key("dispatch_ticks_total", result="ok")
         ticks = d2.metric(ok, 0)
         wait_for(lambda: d2.metric(ok, 0) >= ticks + 3, timeout=30, what="three more ticks")
         final = views(client, [job])[job]

@@ -34,6 +34,7 @@ from tests.fault_support import (
     fault_daemon,
     intents_left,
     knob,
+    metric_key,
     metrics_text,
     pg_ctl,
     pg_ready,
@@ -137,7 +138,7 @@ def test_postgres_restarted_under_load(cluster: dict[str, str], tmp_path: Path,
     with pg_role_database(password) as url:
         Store(url).migrate()
         with fault_daemon(tmp_path, url) as d:
-            wait_for(lambda: d.metrics().get("dispatch_leader") == 1.0, timeout=30,
+            wait_for(lambda: d.metrics().get(metric_key("dispatch_leader")) == 1.0, timeout=30,
                      what="the daemon to lead")
             submitter = Submitter(url)
             submitter.start()
@@ -164,9 +165,8 @@ def test_postgres_restarted_under_load(cluster: dict[str, str], tmp_path: Path,
 
             def leads_and_ticks() -> bool:
                 m = d.metrics()
-                return (m.get("dispatch_leader") == 1.0
-                        and m.get("dispatch_last_successful_tick_timestamp_seconds", 0.0)
-                        > back_at)
+                tick = m.get(metric_key("dispatch_last_successful_tick_timestamp_seconds"), 0.0)
+                return m.get(metric_key("dispatch_leader")) == 1.0 and tick > back_at
             wait_for(leads_and_ticks, timeout=120, interval=0.25,
                      what="the daemon to lead and tick again")
             recovery_s = time.time() - back_at

@@ -50,6 +50,7 @@ from tests.fault_support import (
     executions,
     fault_daemon,
     http_status,
+    metric_key,
     metrics_text,
     pg_role_database,
     record_row,
@@ -137,8 +138,9 @@ def test_daemon_with_a_mismatched_host_key_runs_nothing(cluster: dict[str, str],
     job = client.submit({"command": ["true"], "workdir": "/tmp"})
     env = {**cluster, "SSH_KNOWN_HOSTS": str(impostor)}
     with fault_daemon(tmp_path, url, transport="ssh", env=env) as d:
-        wait_for(lambda: d.metrics().get('dispatch_ticks_total{result="error"}', 0) >= 3,
-                 timeout=60, what="a few refused ticks")
+        errors = metric_key("dispatch_ticks_total", result="error")
+        wait_for(lambda: d.metrics().get(errors, 0) >= 3, timeout=60,
+                 what="a few refused ticks")
         log = d.log_text()
         records = d.records()
         alive = d.alive()

@@ -29,6 +29,7 @@ from tests.fault_support import (
     http_status,
     intents_left,
     knob,
+    metric_key,
     record_row,
     restore_cluster,
     slurm_ctl,
@@ -79,7 +80,7 @@ def test_slurmctld_down_during_ticks(cluster: dict[str, str], tmp_path: Path,
         slurm_ctl("stop", "slurmctld")
         written = [client.submit(_doc(2)) for _ in range(3)]  # written while Slurm is down
         in_flight += len(written)
-        wait_for(lambda: d.metrics().get("dispatch_slurm_up") == 0.0, timeout=DOWN_S,
+        wait_for(lambda: d.metrics().get(metric_key("dispatch_slurm_up")) == 0.0, timeout=DOWN_S,
                  interval=0.5, what="the daemon to report Slurm unreachable")
         unreachable_after = time.time() - stopped_at
         snapshot = status_snapshot(url)
@@ -108,7 +109,8 @@ def test_slurmctld_down_during_ticks(cluster: dict[str, str], tmp_path: Path,
     ids = through + ending + written
     outcome = tally(dict.fromkeys(ids, "succeeded"), final, executions(ids))
     wrong, why_wrong = wrong_writes(records, url)
-    unreachable_ticks = metrics_down.get('dispatch_ticks_total{result="slurm-unreachable"}', 0)
+    unreachable_ticks = metrics_down.get(
+        metric_key("dispatch_ticks_total", result="slurm-unreachable"), 0)
     record_row(FaultRow(
         fault=f"1 slurmctld down {DOWN_S}s", jobs_in_flight=in_flight, lost=len(outcome.lost),
         duplicates=outcome.duplicate_executions, wrong_writes=wrong, recovery_s=recovery_s,
@@ -123,7 +125,7 @@ def test_slurmctld_down_during_ticks(cluster: dict[str, str], tmp_path: Path,
          capsys)
 
     assert alive and health == {200}
-    assert metrics_down["dispatch_slurm_up"] == 0.0 and unreachable_ticks >= 1
+    assert metrics_down[metric_key("dispatch_slurm_up")] == 0.0 and unreachable_ticks >= 1
     assert "slurm live read failed; no job changes this tick" in log
     if DOWN_S >= 45:
         assert any(code == 503 for code, _ in ready), ready

@@ -32,6 +32,7 @@ from tests.fault_support import (
     in_squeue,
     intents_left,
     knob,
+    metric_key,
     record_row,
     restore_cluster,
     slurm_ctl,
@@ -75,6 +76,7 @@ def _observed(view: dict[str, Any]) -> tuple[bool, str] | None:
 def test_slurmdbd_down_jobs_stay_unknown(cluster: dict[str, str], tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path}/slurmdbd.db"
+    accounting_up = metric_key("dispatch_slurm_accounting_up")
     Store(url).migrate()
     client = Client(url)
     normal = [client.submit(_doc(6)) for _ in range(JOBS)]
@@ -116,9 +118,11 @@ def test_slurmdbd_down_jobs_stay_unknown(cluster: dict[str, str], tmp_path: Path
 
         started_at = time.time()
         slurm_ctl("start", "slurmdbd")
-        wait_for(lambda: d.metrics().get("dispatch_slurm_accounting_up") == 1.0
-                 and d.metrics().get("dispatch_last_successful_tick_timestamp_seconds", 0)
-                 > started_at, timeout=120, interval=0.5, what="accounting to be read again")
+        def accounting_read() -> bool:
+            m = d.metrics()
+            tick = m.get(metric_key("dispatch_last_successful_tick_timestamp_seconds"), 0)
+            return m.get(accounting_up) == 1.0 and tick > started_at
+        wait_for(accounting_read, timeout=120, interval=0.5, what="accounting to be read again")
         recovery_s = time.time() - started_at
         final = wait_terminal(client, normal + written, timeout=180)
         converged_s = time.time() - started_at
@@ -136,7 +140,7 @@ def test_slurmdbd_down_jobs_stay_unknown(cluster: dict[str, str], tmp_path: Path
         duplicates=outcome.duplicate_executions, wrong_writes=wrong, recovery_s=recovery_s,
         notes=(f"accounting down {outage_s:.0f}s; {len(normal)} jobs left squeue "
                f"{left_queue_s:.0f}s in and stayed running/Observed=Unknown "
-               f"(accounting_up={metrics_down.get('dispatch_slurm_accounting_up'):.0f}); "
+               f"(accounting_up={metrics_down.get(accounting_up):.0f}); "
                f"{len(graced)} with unknown_grace_s={GRACE_S} ended failed/unknown by policy; "
                f"{sum(submitted.values())} submissions for {len(ids)} jobs, "
                f"events {events}; converged {converged_s:.0f}s after slurmdbd returned"
@@ -147,7 +151,7 @@ def test_slurmdbd_down_jobs_stay_unknown(cluster: dict[str, str], tmp_path: Path
 
     assert {v["phase"] for v in during.values()} == {"running"}
     assert all(_observed(v) == (False, "Unknown") for v in during.values())
-    assert metrics_down["dispatch_slurm_accounting_up"] == 0.0
+    assert metrics_down[accounting_up] == 0.0
     assert {(v["phase"], v["cause"]) for v in graced_during.values()} == {("failed", "unknown")}
     assert submitted_down == dict.fromkeys(ids, 1)  # nothing was submitted a second time
     assert submitted == dict.fromkeys(ids, 1)

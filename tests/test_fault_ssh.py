@@ -43,6 +43,7 @@ from tests.fault_support import (
     intents_left,
     kill_ssh_sessions,
     knob,
+    metric_key,
     record_row,
     restore_cluster,
     slurm_ctl,
@@ -147,7 +148,7 @@ def test_ssh_connection_killed_mid_tick_and_mid_start(cluster: dict[str, str], t
     rng = random.Random(20261130)
     ids: list[str] = []
     with fault_daemon(tmp_path, url, transport="ssh", env=cluster) as d:
-        wait_for(lambda: d.metrics().get("dispatch_slurm_up") == 1.0, timeout=30,
+        wait_for(lambda: d.metrics().get(metric_key("dispatch_slurm_up")) == 1.0, timeout=30,
                  what="the daemon to reach Slurm over SSH")
         killer = Killer(d.record, rng)
         killer.start()

@@ -29,6 +29,7 @@ from tests.fault_support import (
     executions,
     fault_daemon,
     http_status,
+    metric_key,
     query,
     record_row,
     restore_cluster,
@@ -96,8 +97,11 @@ def test_stalled_leader_stands_down_without_writing(cluster: dict[str, str], tmp
     Store(database).migrate()
     client = Client(database)
     extra = f"lease_ttl_s = {ttl}\nlease_margin_s = {max(2, ttl // 6)}"
+    leader = metric_key("dispatch_leader")
+    submissions = metric_key("dispatch_submissions_total")
+    ticks_ok = metric_key("dispatch_ticks_total", result="ok")
     with fault_daemon(tmp_path, database, extra=extra) as first:
-        wait_for(lambda: first.metric("dispatch_leader") == 1.0, timeout=60,
+        wait_for(lambda: first.metric(leader) == 1.0, timeout=60,
                  what="the first daemon to lead")
         with fault_daemon(tmp_path, database, extra=extra) as second:
             wait_for(lambda: "standby" in http_status(second.port, "/readyz")[1], timeout=30,
@@ -106,16 +110,16 @@ def test_stalled_leader_stands_down_without_writing(cluster: dict[str, str], tmp
             if backend == "postgresql":
                 # stop it in the middle of its burst of submissions: it may hold the lease
                 # row's lock, which the server takes back (idle_in_transaction timeout)
-                wait_for(lambda: first.metric("dispatch_submissions_total", 0) >= 5,
+                wait_for(lambda: first.metric(submissions, 0) >= 5,
                          timeout=60, what="the leader to submit some jobs")
             else:
                 # SQLite: a process stopped inside a write transaction keeps the whole file
                 # locked until it resumes (no server can take the lock back): stop it
                 # right after a tick, when it holds no transaction (README, SQLite)
-                wait_for(lambda: first.metric("dispatch_submissions_total", 0) >= JOBS // 2,
+                wait_for(lambda: first.metric(submissions, 0) >= JOBS // 2,
                          timeout=120, what="the leader to submit the first jobs")
-                ticks = first.metric('dispatch_ticks_total{result="ok"}', 0)
-                wait_for(lambda: first.metric('dispatch_ticks_total{result="ok"}', 0) > ticks,
+                ticks = first.metric(ticks_ok, 0)
+                wait_for(lambda: first.metric(ticks_ok, 0) > ticks,
                          timeout=30, interval=0.05, what="a tick to end")
             old_epoch = _lease(database)[1]
             assert first.proc is not None
@@ -123,7 +127,7 @@ def test_stalled_leader_stands_down_without_writing(cluster: dict[str, str], tmp
             first.proc.send_signal(signal.SIGSTOP)
             try:
                 ids += [client.submit(_doc(i)) for i in range(JOBS // 2, JOBS)]
-                wait_for(lambda: second.metric("dispatch_leader") == 1.0, timeout=ttl + 30,
+                wait_for(lambda: second.metric(leader) == 1.0, timeout=ttl + 30,
                          interval=0.25, what="the standby to take over")
                 takeover_s = time.time() - stopped_at
                 wait_for(lambda: _ready(second.port) == (
@@ -137,11 +141,11 @@ def test_stalled_leader_stands_down_without_writing(cluster: dict[str, str], tmp
             wait_for(lambda: "stood down" in first.log_text(), timeout=60,
                      what="the old leader to stand down")
             final = wait_terminal(client, ids, timeout=240)
-            wait_for(lambda: first.metric("dispatch_leader") == 0.0, timeout=30,
+            wait_for(lambda: first.metric(leader) == 0.0, timeout=30,
                      what="the old leader's metrics to show it stands by")
             # a whole tick of the new leader after the old one woke: all it would do is done
-            ticks = second.metric('dispatch_ticks_total{result="ok"}', 0)
-            wait_for(lambda: second.metric('dispatch_ticks_total{result="ok"}', 0) > ticks + 1,
+            ticks = second.metric(ticks_ok, 0)
+            wait_for(lambda: second.metric(ticks_ok, 0) > ticks + 1,
                      timeout=30, what="two more ticks of the new leader")
             old_after = [e for e in first.records() if e["t"] >= resumed_at
                          and e.get("phase") == "begin"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import free_port, slurm_env, wait_for
+from tests.daemon_harness import free_port, metric_key, slurm_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "localhost/dispatch-controller:test"
@@ -186,7 +186,8 @@ def test_preflight_in_the_container_reaches_the_cluster_over_ssh(built: Built,
 
 
 @pytest.fixture
-def running(built: Built, tmp_path: Path) -> Iterator[tuple[str, int]]:
+def running(built: Built, tmp_path: Path) -> Iterator[tuple[str, int, str]]:
+    """The daemon's container, its metrics port and its cluster name."""
     env = slurm_env()
     port = free_port()
     mounts = _mounts(tmp_path, env, metrics_port=port)
@@ -195,7 +196,7 @@ def running(built: Built, tmp_path: Path) -> Iterator[tuple[str, int]]:
            *[f"--volume={v}" for v in mounts.volumes()], built.image,
            "run", "--migrate", "--config", "/etc/dispatch/config.toml")
     try:
-        yield name, port
+        yield name, port, env["CLUSTER"]
     finally:
         podman("stop", "--time", "20", name, timeout=60, check=False)
         podman("rm", "--force", name, timeout=60, check=False)
@@ -207,8 +208,8 @@ def _get(url: str) -> tuple[int, str]:
 
 
 @pytest.mark.slurm
-def test_the_daemon_in_the_container_answers_healthz(running: tuple[str, int]) -> None:
-    name, port = running
+def test_the_daemon_in_the_container_answers_healthz(running: tuple[str, int, str]) -> None:
+    name, port, cluster = running
 
     def healthy() -> bool:
         state = podman("inspect", "--format", "{{.State.Running}}", name).stdout.strip()
@@ -219,8 +220,9 @@ def test_the_daemon_in_the_container_answers_healthz(running: tuple[str, int]) -
     wait_for(lambda: _get(f"http://127.0.0.1:{port}/readyz")[0] == 200, timeout=60,
              what="/readyz (leader, database and Slurm reached)")
     metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
-    assert "dispatch_leader 1.0" in metrics
-    wait_for(lambda: "dispatch_slurm_up 1.0" in _get(f"http://127.0.0.1:{port}/metrics")[1],
+    assert f"{metric_key('dispatch_leader', cluster)} 1.0" in metrics
+    slurm_up = f"{metric_key('dispatch_slurm_up', cluster)} 1.0"
+    wait_for(lambda: slurm_up in _get(f"http://127.0.0.1:{port}/metrics")[1],
              timeout=30, what="a successful Slurm read over SSH")
     user = podman("exec", name, "id", "-u").stdout.strip()
     assert user == "10001"

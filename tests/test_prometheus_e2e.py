@@ -8,12 +8,14 @@ every second and evaluating ``deploy/prometheus/alerts.yaml`` every second. The 
 
 "Returns data" means:
 
-- a dashboard expression (Grafana's ``$job`` set to the scrape job, ``$__rate_interval``
-  to 10 s, i.e. more than 4 scrape intervals as Grafana would pick) gives a non-empty
-  result; the jobs are chosen so that every family has series (running, held, succeeded,
-  failed, resubmitted, refused by sbatch), except ``EVENT_ONLY`` below, which must be
-  scraped (its metadata known to Prometheus); the ``job`` variable's
-  ``label_values(dispatch_leader, job)`` lists the job;
+- a dashboard expression (Grafana's ``$job`` set to the scrape job, ``$cluster`` to
+  ``.*`` (All), ``$__rate_interval`` to 10 s, i.e. more than 4 scrape intervals as Grafana
+  would pick) gives a non-empty result; the jobs are chosen so that every family has
+  series (running, held, succeeded, failed, resubmitted, refused by sbatch), except
+  ``EVENT_ONLY`` below, which must be scraped (its metadata known to Prometheus); the
+  ``job`` variable's ``label_values(dispatch_leader, job)`` lists the job, and the
+  ``cluster`` variable's ``label_values(dispatch_tick_duration_seconds_count, cluster)``
+  the daemon's cluster;
 - an alert is silent on this healthy daemon, so its expression must evaluate without error
   and return nothing, the rule must be evaluated by Prometheus with health ``ok``, none may
   fire, and the expression with its alert condition inverted (``> N`` -> ``<= N``,
@@ -46,6 +48,7 @@ import yaml
 from controller.client import Client
 from controller.store.db import Store
 from tests.daemon_harness import (
+    CLUSTER,
     DaemonProcess,
     cancel_all,
     daemon,
@@ -140,6 +143,7 @@ def grafana(expr: str) -> str:
     """Grafana's variables as a dashboard on this scrape job would expand them."""
     expr = re.sub(r"\$\{?__rate_interval\}?", RATE_INTERVAL, expr)
     expr = re.sub(r"\$\{?job\}?", SCRAPE_JOB, expr)
+    expr = re.sub(r"\$\{?cluster\}?", ".*", expr)  # All (the variable's allValue)
     assert "$" not in expr, f"an unknown Grafana variable in {expr}"
     return expr
 
@@ -242,6 +246,9 @@ def test_every_dashboard_and_alert_expression_against_a_live_daemon(
         jobs = prom.get("/api/v1/label/job/values", "dashboard-variable",
                         **{"match[]": "dispatch_leader"})
         assert SCRAPE_JOB in jobs
+        clusters = prom.get("/api/v1/label/cluster/values", "dashboard-variable",
+                            **{"match[]": "dispatch_tick_duration_seconds_count"})
+        assert clusters == [CLUSTER], clusters
 
         # ---- the alerts
         def evaluated() -> bool:

@@ -291,27 +291,38 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def commands_by_label(metrics: dict[str, float]) -> dict[str, float]:
+def metric_key(name: str, cluster: str, **labels: str) -> str:
+    """The ``scrape`` key of a sample of a per-cluster family, its labels (``cluster`` and
+    ``labels``) sorted by name as prometheus_client prints them."""
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted({"cluster": cluster, **labels}.items()))
+    return f"{name}{{{inner}}}"
+
+
+def commands_by_label(metrics: dict[str, float], cluster: str) -> dict[str, float]:
+    """Each command's ``dispatch_slurm_commands_total`` of ``cluster``."""
     out: dict[str, float] = {}
     for key, value in metrics.items():
-        if key.startswith("dispatch_slurm_commands_total{"):
-            m = re.search(r'command="([^"]*)"', key)
-            out[m.group(1) if m else key] = value
+        m = re.search(r'command="([^"]*)"', key)
+        if m and key == metric_key("dispatch_slurm_commands_total", cluster, command=m[1]):
+            out[m[1]] = value
     return out
 
 
-def tick_bucket_bound(after: dict[str, float], before: dict[str, float]) -> float | None:
-    """The smallest ``le`` of dispatch_tick_duration_seconds holding every tick of the
-    window (inf: the top bucket); None when no tick ended in it."""
+def tick_bucket_bound(after: dict[str, float], before: dict[str, float],
+                      cluster: str) -> float | None:
+    """The smallest ``le`` of dispatch_tick_duration_seconds (of ``cluster``) holding every
+    tick of the window (inf: the top bucket); None when no tick ended in it."""
     name = "dispatch_tick_duration_seconds"
-    count = after.get(f"{name}_count", 0) - before.get(f"{name}_count", 0)
+    count_key = metric_key(f"{name}_count", cluster)
+    count = after.get(count_key, 0) - before.get(count_key, 0)
     if count <= 0:
         return None
     bounds = []
     for key, value in after.items():
-        m = re.fullmatch(rf'{name}_bucket\{{le="([^"]+)"\}}', key)
-        if m and value - before.get(key, 0) >= count:
-            bounds.append(float(m.group(1)))
+        m = re.search(r'le="([^"]+)"', key)
+        if (m and key == metric_key(f"{name}_bucket", cluster, le=m[1])
+                and value - before.get(key, 0) >= count):
+            bounds.append(float(m[1]))
     return min(bounds) if bounds else None
 
 
@@ -322,6 +333,7 @@ class Daemon:
     config: Path
     port: int
     log: Path
+    cluster: str  # the cluster label of its metrics (its config's cluster name)
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -369,7 +381,7 @@ class Daemon:
     def wait_ready(self, timeout: float = 90) -> None:
         def ready() -> bool:
             try:
-                leader = self.metrics().get("dispatch_leader") == 1.0
+                leader = self.metrics().get(metric_key("dispatch_leader", self.cluster)) == 1.0
             except OSError:
                 return False
             return leader and bool(self.ticks(0))
@@ -534,7 +546,8 @@ def daemon_burst(ctx: Context, mode: str, run: int) -> dict[str, Any]:
         store = Store(url)
         port = free_port()
         daemon = Daemon(write_config(ctx, url, port, output), port,
-                        ctx.workdir / f"daemon-{run}-{mode}.log")
+                        ctx.workdir / f"daemon-{run}-{mode}.log",
+                        ctx.config.default_cluster.name)
         try:
             store.migrate()
             daemon.start()
@@ -626,7 +639,8 @@ def _burst(ctx: Context, mode: str, store: Store, daemon: Daemon, desired: str,
         source = "database poll"
     through = len(done_at)
     end = max(done_at.values()) if done_at else time.time()
-    commands0, commands1 = commands_by_label(metrics0), commands_by_label(metrics1)
+    commands0 = commands_by_label(metrics0, daemon.cluster)
+    commands1 = commands_by_label(metrics1, daemon.cluster)
     per_command = {k: (v - commands0.get(k, 0)) / (jobs + 1) for k, v in commands1.items()
                    if v != commands0.get(k, 0)}
     rpcs = delta(users1, users0).get(ctx.user, 0)
@@ -639,7 +653,7 @@ def _burst(ctx: Context, mode: str, store: Store, daemon: Daemon, desired: str,
         "commands": sum(per_command.values()), "per_command": per_command,
         "rpcs": rpcs / (jobs + 1), "rpc_types": delta(types1, types0),
         "longest_tick": max(ticks) if ticks else None, "ticks": len(ticks),
-        "tick_bucket": tick_bucket_bound(metrics1, metrics0),
+        "tick_bucket": tick_bucket_bound(metrics1, metrics0, daemon.cluster),
         "mid_after": mid_after,
         "mid_latency": (sbatch_at[mid] - mid_commit
                         if mid_commit is not None and mid in sbatch_at else None),
