@@ -7,7 +7,9 @@ PostgreSQL, whose server the fault suite restarts, and every test that is not kn
 belong elsewhere), ``--lane chroot`` (the ``@matrix`` tests of the 24.11 and 26.05 chroot
 clusters: their own slurmctld, slurmd, munged and sshd; no PostgreSQL) and ``--lane free``
 (the tests of ``CLUSTER_FREE`` modules that use no PostgreSQL). A module not listed there
-is in the host lane: a new test is serial unless someone says otherwise. Without
+is in the host lane: a new test is serial unless someone says otherwise. The
+``ALL_CLUSTERS`` modules (every cluster at once) run last in the chroot lane, holding the
+host lane's lock: the host lane's Slurm modules wait for them, and they for it. Without
 ``--lane`` pytest runs everything, in order.
 
 pytest-xdist's ``loadgroup`` was tried first (2026-12-01): with pytest 9.2 its group
@@ -17,6 +19,7 @@ host tests ran beside each other and failed.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -62,6 +65,15 @@ CLUSTER_FREE = frozenset({
     "test_tick_sweep",
 })
 _PG_FIXTURES = frozenset({"pg_url", "pg_store", "any_store"})
+# Modules that use every cluster at once (the host's and both chroot clusters, and
+# PostgreSQL): they run last in the chroot lane, once its own tests are done, holding the
+# host lane's lock (``_host_lane_lock``) so that no host-lane module runs beside them.
+ALL_CLUSTERS = frozenset({"test_e2e_clusters"})
+HOST_LANE_LOCK = Path("/tmp/dispatch-host-lane.lock")
+
+
+def _module_name(item: pytest.Item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
 
 
 def _uses_postgres(item: pytest.Item) -> bool:
@@ -73,10 +85,11 @@ def lane(item: pytest.Item) -> str:
     """The lane of ``item`` (module docstring)."""
     callspec = getattr(item, "callspec", None)
     version = callspec.params.get("slurm_version") if callspec is not None else None
+    if _module_name(item) in ALL_CLUSTERS:
+        return "chroot"
     if version in CHROOT_VERSIONS and not _uses_postgres(item):
         return "chroot"
-    if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in CLUSTER_FREE \
-            and not _uses_postgres(item):
+    if _module_name(item) in CLUSTER_FREE and not _uses_postgres(item):
         return "free"
     return "host"
 
@@ -87,7 +100,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     kept = [item for item in items if lane(item) == wanted]
     config.hook.pytest_deselected(items=[item for item in items if lane(item) != wanted])
+    kept.sort(key=lambda item: _module_name(item) in ALL_CLUSTERS)  # stable: those last
     items[:] = kept
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _host_lane_lock(request: pytest.FixtureRequest) -> Iterator[None]:
+    """While a module that uses the host's cluster (or PostgreSQL's server) runs, no
+    other such module runs in another lane: each holds ``HOST_LANE_LOCK``. Only the
+    host lane's Slurm modules and the ``ALL_CLUSTERS`` modules take it; in one process
+    (no ``--lane``) the modules run one after another anyway."""
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    wanted = request.config.getoption("--lane")
+    if wanted is None or name in CLUSTER_FREE or (wanted != "host" and name not in ALL_CLUSTERS):
+        yield
+        return
+    with HOST_LANE_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture
