@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from controller.config import TransportKind, parse_config
+from controller.config import TransportConfig, TransportKind, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "dispatch-controller"
@@ -159,6 +159,29 @@ SCENARIOS = [
     pytest.param({"config": {"transport": {"user": ""}}}, id="ssh-container-user"),
 ]
 
+# config.clusters: one [[clusters]] entry per item. The second item's kind differs from
+# config.transport's, so the chart also writes (or clears) the keys of the other kind.
+TWO_CLUSTERS: dict[str, Any] = {"config": {
+    "defaults": {"account": "physics"},
+    "clusters": [
+        {"name": "cpu", "transport": {"host": "login-cpu.example.org", "port": 2222},
+         "defaults": {"partition": "batch", "exclusive": True}},
+        {"name": "gpu", "transport": {"kind": "local", "run_as": "slurm",
+                                      "command_timeout_s": 12.5},
+         "output": {"dir": "/shared/dispatch/gpu"},
+         "environment": {"pass": ["PATH", "CUDA_HOME"]},
+         "slurm": {"rate_per_s": 5}},
+    ]}}
+LOCAL_THEN_SSH: dict[str, Any] = {"config": {
+    "transport": {"kind": "local", "run_as": "slurm"},
+    "clusters": [{"name": "here"},
+                 {"name": "there", "transport": {"kind": "ssh", "host": "login-b",
+                                                 "user": ""}}]}}
+CLUSTER_SCENARIOS = [
+    pytest.param(TWO_CLUSTERS, id="clusters-ssh-and-local"),
+    pytest.param(LOCAL_THEN_SSH, id="clusters-local-and-ssh"),
+]
+
 
 # ---------------------------------------------------------------- helm lint, and rules of ours
 
@@ -169,7 +192,7 @@ def kube_version(version: str) -> str:
 
 
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
-@pytest.mark.parametrize("values", SCENARIOS)
+@pytest.mark.parametrize("values", [*SCENARIOS, *CLUSTER_SCENARIOS])
 def test_helm_lint_strict_is_clean(values: dict[str, Any], k8s_version: str) -> None:
     report = helm.lint(str(CHART), dict(values), strict=True, namespace="batch",
                        kube_version=kube_version(k8s_version))
@@ -313,7 +336,7 @@ CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROME
 
 
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
-@pytest.mark.parametrize("values", SCENARIOS)
+@pytest.mark.parametrize("values", [*SCENARIOS, *CLUSTER_SCENARIOS])
 def test_manifests_validate_against_kubernetes_schemas(values: dict[str, Any],
                                                        k8s_version: str) -> None:
     docs = documents(values)
@@ -455,9 +478,76 @@ def test_config_toml_is_accepted_by_the_config_loader(values: dict[str, Any]) ->
     else:
         assert config.transport.run_as == (merged["transport"]["run_as"] or None)
     assert "[database]" not in main, "the URL comes from DISPATCH_DATABASE_URL"
+    assert "[[clusters]]" not in main and config.cluster_names == (config.cluster.name,)
     hooks = [d for d in by_kind(docs, "ConfigMap") if d["metadata"].get("annotations")]
     for hook in hooks:  # the migration job reads the same configuration
         assert _config_of(hook) == main
+
+
+KEY_FILE, KNOWN_HOSTS = "/etc/dispatch/ssh/id_key", "/etc/dispatch/ssh/known_hosts"
+
+
+def test_clusters_render_one_entry_each_over_the_top_level_groups() -> None:
+    docs = documents(TWO_CLUSTERS)
+    main = _config_of(one(docs, "ConfigMap"))
+    doc = tomllib.loads(main)
+    assert "cluster" not in doc and not re.search(r"^\[cluster\]", main, re.MULTILINE)
+    assert [entry["name"] for entry in doc["clusters"]] == ["cpu", "gpu"]
+    config = parse_config(doc)
+    assert config.cluster_names == ("cpu", "gpu")
+    assert config.default_cluster.name == "cpu"
+    cpu, gpu = config.clusters
+    assert cpu.transport == TransportConfig(kind=TransportKind.SSH,
+                                            host="login-cpu.example.org", port=2222,
+                                            user="dispatch", key_file=KEY_FILE,
+                                            known_hosts=KNOWN_HOSTS)
+    assert gpu.transport == TransportConfig(kind=TransportKind.LOCAL, run_as="slurm",
+                                            command_timeout_s=12.5)
+    # the top-level groups are the defaults of every entry, key by key
+    assert (cpu.defaults.partition, cpu.defaults.account, cpu.defaults.exclusive) == \
+        ("batch", "physics", True)
+    assert (gpu.defaults.partition, gpu.defaults.account, gpu.defaults.exclusive) == \
+        ("", "physics", False)
+    assert (cpu.output.dir, gpu.output.dir) == ("~/.dispatch/output", "/shared/dispatch/gpu")
+    assert (cpu.environment.pass_names, gpu.environment.pass_names) == \
+        (("PATH",), ("PATH", "CUDA_HOME"))
+    assert (cpu.slurm.rate_per_s, gpu.slurm.rate_per_s) == (20, 5)
+    for hook in by_kind(docs, "ConfigMap"):  # the migration job reads the same clusters
+        assert _config_of(hook) == main
+
+
+def test_a_cluster_of_another_kind_than_config_transport_gets_its_keys() -> None:
+    config = parse_config(tomllib.loads(_config_of(one(documents(LOCAL_THEN_SSH),
+                                                       "ConfigMap"))))
+    here, there = config.clusters
+    assert here.transport == TransportConfig(kind=TransportKind.LOCAL, run_as="slurm")
+    assert there.transport == TransportConfig(kind=TransportKind.SSH, host="login-b",
+                                              key_file=KEY_FILE, known_hosts=KNOWN_HOSTS)
+
+
+@pytest.mark.parametrize(("values", "ssh", "hosts"), [
+    pytest.param({}, True, "slurm-login", id="one-ssh-cluster"),
+    pytest.param(TWO_CLUSTERS, True, "login-cpu.example.org", id="one-of-two-ssh"),
+    pytest.param(LOCAL_THEN_SSH, True, "login-b", id="ssh-under-local-top-level"),
+    pytest.param({"config": {"clusters": [{"name": "a", "transport": {"kind": "local"}},
+                                          {"name": "b", "transport": {"kind": "local"}}]}},
+                 False, "", id="no-ssh-cluster"),
+])
+def test_the_ssh_secret_is_mounted_when_any_cluster_uses_ssh(values: dict[str, Any],
+                                                            ssh: bool, hosts: str) -> None:
+    docs = documents(values)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert ("ssh" in {v["name"] for v in pod["volumes"]}) is ssh
+    assert any(d["kind"] == "Secret" and "known_hosts" in d["stringData"]
+               for d in docs) is ssh
+    notes = render(values).notes
+    assert (f"every\nconnection to {hosts} will be refused" in notes) is ssh
+
+
+def test_notes_name_the_shards() -> None:
+    notes = render(TWO_CLUSTERS).notes
+    assert "It drives 2 Slurm cluster(s): cpu, gpu (the first is the default)" in notes
+    assert "One replica holds the leader lock" not in notes
 
 
 def test_config_change_rolls_the_pods() -> None:
@@ -515,6 +605,30 @@ def test_existing_database_secret_is_used_everywhere() -> None:
     pytest.param({"database": {"url": ""}}, "database.url is required", id="no-database"),
     pytest.param({"config": {"transport": {"host": ""}}}, "config.transport.host",
                  id="ssh-without-host"),
+    pytest.param({"config": {"clusters": [{"name": "cpu"}, {"name": "gpu"},
+                                          {"name": "cpu"}]}},
+                 'config.clusters: the cluster name "cpu" is used twice '
+                 "(config.clusters[0].name and config.clusters[2].name)",
+                 id="duplicate-cluster-names"),
+    pytest.param({"config": {"clusters": [{"name": "cpu"}, {"defaults": {}}]}},
+                 "config.clusters[1].name is required", id="cluster-without-name"),
+    pytest.param({"config": {"clusters": [{"name": "-cpu"}]}},
+                 "config.clusters[0].name must be 1-64", id="malformed-cluster-name"),
+    pytest.param({"config": {"clusters": [{"name": "cpu", "daemon": {}}]}},
+                 "config.clusters[0].daemon is not a key of a cluster",
+                 id="cluster-with-shared-group"),
+    pytest.param({"config": {"clusters": [{"name": "cpu",
+                                           "transport": {"key_file": "/k"}}]}},
+                 "config.clusters[0].transport.key_file is not a key of config.transport",
+                 id="cluster-with-own-key-file"),
+    pytest.param({"config": {"clusters": [{"name": "cpu", "transport": {
+                      "kind": "local", "host": "login"}}]}},
+                 'config.clusters[0].transport.host applies only to kind "ssh"',
+                 id="local-cluster-with-host"),
+    pytest.param({"config": {"transport": {"kind": "local", "host": ""},
+                             "clusters": [{"name": "cpu", "transport": {"kind": "ssh"}}]}},
+                 "config.clusters[0].transport.host is required for the ssh transport",
+                 id="ssh-cluster-without-host"),
 ])
 def test_unsafe_values_are_refused(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
