@@ -17,15 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.config import ClusterEntry, Config, TransportKind
-from controller.daemon.service import build_shard
-from controller.daemon.shard import Shard, lease_name
+from controller.daemon.service import build_shard, shard_lease
+from controller.daemon.shard import Shard
 from controller.metrics import Metrics
 from controller.runner.base import RateLimiter, Runner
 from controller.runner.local import LocalRunner
 from controller.runner.ssh import SSHRunner
 from controller.slurm.adapter import SlurmAdapter
 from controller.store.db import Store
-from controller.store.lease import Lease
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -111,15 +110,12 @@ class Parts:
 def build_all(config: Config) -> Parts:
     metrics = Metrics(cluster=config.default_cluster.name)
     store = build_store(config)
-    d = config.daemon
     runners: list[Runner] = []
     shards: list[Shard] = []
     for cluster in config.clusters:
         view = metrics.for_cluster(cluster.name)
         runner = build_runner(cluster, observer=view.observe_command)
-        lease = Lease(store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s,
-                      name=lease_name(cluster.name,
-                                      default=cluster.name == config.default_cluster.name))
+        lease = shard_lease(config, cluster.name, store)
         adapter = build_adapter(cluster, runner, write_guard=lease.guard)
         runners.append(runner)
         shards.append(build_shard(config, cluster.name, store=store, adapter=adapter,

@@ -189,3 +189,10 @@ def test_other_cluster_on_moves_a_resubmission_to_the_next_cluster() -> None:
     q = plan(running_on(B, {"other_cluster_on": ["node-lost"]}),
              Observed(live=(ended(CauseKind.PREEMPTED, B),)), ctx(B))
     assert q.status.cluster == B
+
+
+def test_a_resubmission_leaves_a_cluster_the_job_no_longer_accepts() -> None:
+    job = replace(running_on(A), spec=parse_job_document(
+        {"command": ["true"], "workdir": "/tmp", "cluster": [B]}))
+    p = plan(job, Observed(live=(ended(CauseKind.NODE_LOST, A),)), ctx(A))
+    assert p.status.cluster == B and p.status.phase == Phase.PENDING

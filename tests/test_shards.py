@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controller.config import Config, parse_config
-from controller.daemon.service import Daemon, build_shard
+from controller.daemon.service import Daemon, build_shard, shard_lease
 from controller.errors import ErrConflict, ErrInvalid
 from controller.metrics import Metrics
 from controller.model.ids import new_job_id
@@ -203,3 +203,20 @@ async def test_a_lone_daemon_on_sqlite_holds_every_shard(sqlite_store: Store) ->
     d = replica(sqlite_store, config, clock)
     await rounds([d], 2)
     assert held([d]) == [list(NAMES)]
+
+
+def test_a_cluster_is_never_led_under_two_lease_names(any_store: Store) -> None:
+    """Two replicas whose [[clusters]] differ in order call the same cluster's lease by two
+    names (the default cluster's is ``controller``): the second cannot take it."""
+    first = parse_config({"clusters": [{"name": "cpu"}, {"name": "gpu"}]})
+    swapped = parse_config({"clusters": [{"name": "gpu"}, {"name": "cpu"}]})
+    one, two = shard_lease(first, "cpu", any_store), shard_lease(swapped, "cpu", any_store)
+    assert (one.name, two.name) == ("controller", "cluster/cpu")
+    assert one.try_acquire()
+    assert not two.try_acquire()
+    # the other cluster: each takes it under its own name only while no one leads it
+    gpu_two = shard_lease(swapped, "gpu", any_store)
+    assert gpu_two.name == "controller" and not gpu_two.try_acquire()  # cpu's, held
+    assert shard_lease(first, "gpu", any_store).try_acquire()
+    one.release()
+    assert two.try_acquire()  # once the first let go

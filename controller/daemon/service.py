@@ -39,15 +39,21 @@ from controller.store.members import Membership, fair_share
 log = logging.getLogger("dispatch.daemon")
 
 
+def shard_lease(config: Config, name: str, store: Store, *, clock: Clock = time.time) -> Lease:
+    """The lease of configured cluster ``name``'s shard (``controller.daemon.shard``)."""
+    d = config.daemon
+    return Lease(store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, clock=clock,
+                 name=lease_name(name, default=name == config.default_cluster.name),
+                 cluster=name)
+
+
 def build_shard(config: Config, name: str, *, store: Store, adapter: SlurmPort,
                 metrics: Metrics, lease: Lease | None = None, clock: Clock = time.time,
                 preflight: Callable[[], Awaitable[list[str]]] | None = None) -> Shard:
     """The shard of configured cluster ``name``: its lease and reconciler."""
     d = config.daemon
-    default = name == config.default_cluster.name
     if lease is None:
-        lease = Lease(store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, clock=clock,
-                      name=lease_name(name, default=default))
+        lease = shard_lease(config, name, store, clock=clock)
     # a tick takes on no further chunk of work after a third of the lease TTL: it
     # renews its lease long before the deadline, and a burst is spread over ticks
     reconciler = Reconciler(store, adapter, metrics=metrics, clock=clock,
@@ -230,4 +236,4 @@ class Daemon:
         log.info("daemon stopped")
 
 
-__all__ = ["AGAIN_LIMIT", "Daemon", "build_shard"]
+__all__ = ["AGAIN_LIMIT", "Daemon", "build_shard", "shard_lease"]

@@ -76,9 +76,12 @@ def for_resubmission(spec: JobSpec, other_cluster_on: frozenset[CauseKind],
                      cause: CauseKind, clusters: Clusters) -> str:
     """Where a resubmission for ``cause`` goes: this cluster, unless the policy asks for
     another cluster on that cause and the job accepts another (the next one in its
-    order, wrapping around)."""
+    order, wrapping around), or the job no longer accepts this one (its first known)."""
     order = acceptable(spec, clusters)
-    if cause not in other_cluster_on or len(order) < 2 or clusters.here not in order:
+    if clusters.here not in order:  # the client changed the list since: its first
+        known = [name for name in order if name in clusters.names]
+        return known[0] if known else clusters.here
+    if cause not in other_cluster_on or len(order) < 2:
         return clusters.here
     return order[(order.index(clusters.here) + 1) % len(order)]
 

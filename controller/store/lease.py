@@ -10,6 +10,10 @@ on SQLite and PostgreSQL, and the fence every write of the leader goes through.
   (holder, epoch); rowcount 0 raises ``LeaseLost`` and the whole transaction rolls back.
   The row lock it takes orders the commit before any takeover (PostgreSQL), and SQLite
   serialises writers anyway: a stale leader's transaction can never commit.
+* **One lease per cluster**: a shard's lease row names its cluster; taking one is refused
+  while another live lease (another name: a replica that orders ``[[clusters]]``
+  differently, so it calls the default cluster's lease ``controller``) names the same
+  cluster. On PostgreSQL an advisory lock per cluster orders two such takes.
 * **Slurm writes** (``guard``): allowed only while the local monotonic clock is before
   the deadline the last successful renewal earned (its request's start + TTL) minus a
   safety margin. The deadline is measured from before the renewal was sent, so it ends
@@ -27,10 +31,11 @@ import logging
 import os
 import socket
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -79,6 +84,7 @@ class Lease:
 
     def __init__(self, store: Store, *, ttl_s: float, margin_s: float,
                  holder: str | None = None, name: str = DEFAULT_LEASE,
+                 cluster: str | None = None,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         if ttl_s <= 0 or margin_s < 0 or margin_s >= ttl_s:
@@ -88,6 +94,7 @@ class Lease:
         self.margin_s = margin_s
         self.holder = holder or new_holder_id()
         self.name = name
+        self.cluster = cluster  # the shard's cluster (None: no check across names)
         self._clock = clock
         self._monotonic = monotonic
         self.epoch: int | None = None  # the epoch we hold, None when not the holder
@@ -165,7 +172,24 @@ class Lease:
             LeaseRow.epoch == self.epoch).values(expires_at_ms=expires_ms))
         return int(result.rowcount or 0) == 1  # type: ignore[attr-defined]
 
+    def _led_elsewhere(self, tx: Session, now_ms: int) -> str | None:
+        """The name of another live lease of our cluster held by another process."""
+        if self.cluster is None:
+            return None
+        if tx.get_bind().dialect.name == "postgresql":  # two takes of one cluster: in turn
+            tx.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                       {"key": zlib.crc32(f"dispatch-lease:{self.cluster}".encode())})
+        return tx.execute(select(LeaseRow.name).where(
+            LeaseRow.cluster == self.cluster, LeaseRow.name != self.name,
+            LeaseRow.holder != self.holder, LeaseRow.expires_at_ms > now_ms)).scalar()
+
     def _take(self, tx: Session, now_ms: int, expires_ms: int) -> int | None:
+        other = self._led_elsewhere(tx, now_ms)
+        if other is not None:
+            log.warning("cluster led under another lease name: the replicas' [[clusters]] "
+                        "differ; not taking it", extra={"cluster": self.cluster,
+                                                         "lease": self.name, "other": other})
+            return None
         row = tx.execute(select(LeaseRow.epoch, LeaseRow.holder, LeaseRow.expires_at_ms)
                          .where(LeaseRow.name == self.name)).first()
         if row is None:
@@ -173,7 +197,7 @@ class Lease:
                 with tx.begin_nested():
                     tx.execute(insert(LeaseRow).values(
                         name=self.name, holder=self.holder, epoch=1, expires_at_ms=expires_ms,
-                        acquired_at_ms=now_ms))
+                        acquired_at_ms=now_ms, cluster=self.cluster))
             except IntegrityError:
                 return None  # another replica created it first
             return 1
@@ -184,7 +208,7 @@ class Lease:
             LeaseRow.name == self.name, LeaseRow.epoch == epoch,
             LeaseRow.holder == holder).values(
                 holder=self.holder, epoch=epoch + 1, expires_at_ms=expires_ms,
-                acquired_at_ms=now_ms))
+                acquired_at_ms=now_ms, cluster=self.cluster))
         if int(result.rowcount or 0) != 1:  # type: ignore[attr-defined]
             return None  # someone else moved it between our read and our write
         return int(epoch) + 1

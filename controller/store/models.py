@@ -147,6 +147,8 @@ class Lease(Base):
     epoch: Mapped[int] = mapped_column(BigInteger)
     expires_at_ms: Mapped[int] = mapped_column(BigInteger)
     acquired_at_ms: Mapped[int] = mapped_column(BigInteger)
+    # the cluster whose shard this lease is (migration 0005; None: a single-cluster daemon)
+    cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Replica(Base):
