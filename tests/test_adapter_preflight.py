@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,9 +65,30 @@ def test_dispatchctl_preflight_exit_status(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(wiring, "build_runner", lambda config: _NoRunner())
     monkeypatch.setattr(wiring, "build_adapter", lambda config, runner: _FakeAdapter(caps))
     out, err = io.StringIO(), io.StringIO()
-    args = argparse.Namespace(config=None, output="text")
+    args = argparse.Namespace(config=None, output="text", cluster=None)
     assert slurm_commands._preflight(args, base.Streams(out, err)) == code
     assert ("squeue --me" in err.getvalue()) == (code == base.EXIT_FAILURE)
+
+
+def test_dispatchctl_preflight_checks_every_cluster(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """Several clusters: each is checked; one lacking fails the command and is named;
+    ``--cluster`` checks only the ones named."""
+    config = tmp_path / "config.toml"
+    config.write_text('[[clusters]]\nname = "cpu"\n[[clusters]]\nname = "gpu"\n')
+    caps = {"cpu": GOOD, "gpu": dataclasses.replace(GOOD, whoami=False)}
+    monkeypatch.setattr(wiring, "build_runner", lambda cluster: _NoRunner())
+    monkeypatch.setattr(wiring, "build_adapter",
+                        lambda cluster, runner: _FakeAdapter(caps[cluster.name]))
+    out, err = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(config=str(config), output="text", cluster=None)
+    assert slurm_commands._preflight(args, base.Streams(out, err)) == base.EXIT_FAILURE
+    assert "cluster cpu" in out.getvalue() and "cluster gpu" in out.getvalue()
+    assert "preflight: gpu: " in err.getvalue() and "cpu: " not in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    args = argparse.Namespace(config=str(config), output="text", cluster=["cpu"])
+    assert slurm_commands._preflight(args, base.Streams(out, err)) == base.EXIT_OK
+    assert err.getvalue() == ""
 
 
 @pytest.mark.slurm
