@@ -22,6 +22,9 @@ Each run has two modes, each with three phases (the cluster is drained between p
            one by one, each after the daemon has settled the previous one
   raw      a shell loop of N ``sbatch`` as ``dispatch`` (the baseline of the targets)
   raw-8    the same N split over 8 loops running at once
+  gated    running mode only: a shell loop of N ``sbatch --hold``, then ``scontrol
+           release`` of their ids, 64 per command (as the daemon joins them): the least a
+           client that gates and then releases every job (the exactly-once rule) costs
 
 Sources (each the most exact one available):
 - sbatch and release instants: slurmctld's own log (``_slurm_rpc_submit_batch_job`` and
@@ -510,6 +513,27 @@ def raw_loop(ctx: Context, mode: str, parallel: int) -> dict[str, Any]:
             "rpc_types": delta(types1, types0)}
 
 
+def gated_loop(ctx: Context) -> dict[str, Any]:
+    """N ``sbatch --hold`` in one shell loop, then ``scontrol release`` of their ids, 64 per
+    command: what gate-then-release costs a client that does nothing else."""
+    jobs = ctx.args.jobs
+    one = (f"id=$(sbatch --parsable --hold --job-name={RAW_NAME} --output=/dev/null "
+           "--chdir=/tmp --wrap true) || exit 1; ids=\"$ids ${id%%;*}\"")
+    script = (f"ids=; i=0; while [ $i -lt {jobs} ]; do {one}; i=$((i+1)); done; "
+              "printf '%s\\n' $ids | xargs -n 64 | tr ' ' ',' | "
+              "while read -r list; do scontrol release \"$list\" || exit 1; done")
+    wait_for_room(jobs, ctx.max_jobs, ctx.min_job_age)
+    users0, types0 = sdiag_counts()
+    began = time.perf_counter()
+    as_user(ctx.user, "sh", "-c", script, timeout=ctx.args.timeout)
+    took = time.perf_counter() - began
+    users1, types1 = sdiag_counts()
+    cancel_all(ctx.user)
+    rpcs = delta(users1, users0).get(ctx.user, 0)
+    return {"seconds": took, "rate": jobs / took, "rpcs": rpcs / jobs,
+            "rpc_types": delta(types1, types0)}
+
+
 def write_config(ctx: Context, url: str, port: int, output: Path) -> Path:
     doc: dict[str, dict[str, Any]] = {
         "cluster": {"name": ctx.config.cluster.name},
@@ -715,6 +739,12 @@ def one_run(ctx: Context, run: int) -> dict[str, dict[str, dict[str, Any]]]:
         daemon["vs_raw"] = daemon["rate"] / raw["rate"]
         daemon["vs_raw8"] = daemon["rate"] / raw8["rate"]
         out[mode] = {"daemon": daemon, "raw": raw, "raw8": raw8}
+        if mode == "running":
+            progress(f"run {run}, {mode}: raw sbatch --hold loop, then joined releases")
+            gated = gated_loop(ctx)
+            daemon["vs_gated"] = daemon["rate"] / gated["rate"]
+            gated["vs_raw"] = gated["rate"] / raw["rate"]
+            out[mode]["gated"] = gated
     return out
 
 
@@ -779,9 +809,15 @@ def report(ctx: Context, runs: list[dict[str, dict[str, dict[str, Any]]]], env: 
             f"jobs/s, {spread(col(mode, 'raw', 'rpcs'), '.2f')} RPCs/job")
         row(f"{PARALLEL}-way raw loop", spread(col(mode, "raw8", "rate"), ".1f"),
             f"jobs/s, {spread(col(mode, 'raw8', 'rpcs'), '.2f')} RPCs/job")
+        if mode == "running" and all("gated" in r[mode] for r in runs):
+            row("raw --hold loop + releases", spread(col(mode, "gated", "rate"), ".1f"),
+                f"jobs/s = {spread(col(mode, 'gated', 'vs_raw'), '.2f')}x the raw loop, "
+                f"{spread(col(mode, 'gated', 'rpcs'), '.2f')} RPCs/job (gate, then release)")
         row("daemon burst", spread(col(mode, "daemon", "rate"), ".1f"),
             f"jobs/s = {spread(col(mode, 'daemon', 'vs_raw'), '.2f')}x the raw loop, "
-            f"{spread(col(mode, 'daemon', 'vs_raw8'), '.2f')}x the {PARALLEL}-way loop")
+            f"{spread(col(mode, 'daemon', 'vs_raw8'), '.2f')}x the {PARALLEL}-way loop"
+            + (f", {spread(col(mode, 'daemon', 'vs_gated'), '.2f')}x the gated loop"
+               if mode == "running" and all("gated" in r[mode] for r in runs) else ""))
         for item in d:
             if item["timed_out"]:
                 row("  TIMED OUT", f"{a.timeout:g} s", f"{item['through']}/{a.jobs} through")
