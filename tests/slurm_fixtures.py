@@ -242,6 +242,19 @@ def as_user(user: str, *argv: str, check: bool = True, stdin: str | None = None,
                           input=stdin)
 
 
+def started_runs(version: str, names: set[str]) -> dict[str, int]:
+    """Per job name: how many of the cluster's sacct records of it (all users, duplicates
+    of reused ids too) ever started."""
+    out = as_root("sacct", "-a", "-X", "-D", "-P", "-n", "-S", "now-2hours",
+                  "-o", "JobName%64,Start", version=version).stdout
+    counts = dict.fromkeys(names, 0)
+    for line in out.splitlines():
+        name, _, start = line.partition("|")
+        if name in counts and start not in ("Unknown", "None", ""):
+            counts[name] += 1
+    return counts
+
+
 def squeue_rows(user: str, name: str, *, version: str | None = None) -> list[str]:
     """``id|name|state`` of every job of ``user`` with this name (any state)."""
     out = as_user(user, "squeue", "-h", "--me", "--states=all", f"--name={name}",

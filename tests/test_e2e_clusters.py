@@ -35,7 +35,14 @@ from controller.store.db import Store
 from controller.store.members import list_replicas
 from tests.daemon_harness import DaemonProcess, free_port, metric_key, scrape, wait_for
 from tests.fault_support import query, views, wait_terminal
-from tests.slurm_fixtures import ALL_VERSIONS, HOST_VERSION, as_root, env_file, wait_node_ready
+from tests.slurm_fixtures import (
+    ALL_VERSIONS,
+    HOST_VERSION,
+    as_root,
+    env_file,
+    started_runs,
+    wait_node_ready,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -141,14 +148,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Any]:
 
 def executions(cluster: Cluster, names: set[str]) -> dict[str, int]:
     """Per ``dj-`` name: how many of this cluster's sacct records of it ever started."""
-    out = as_root("sacct", "-a", "-X", "-D", "-P", "-n", "-S", "now-2hours",
-                  "-o", "JobName%64,Start", version=cluster.version).stdout
-    counts = dict.fromkeys(names, 0)
-    for line in out.splitlines():
-        name, _, start = line.partition("|")
-        if name in counts and start not in ("Unknown", "None", ""):
-            counts[name] += 1
-    return counts
+    return started_runs(cluster.version, names)
 
 
 def slurmctld(cluster: Cluster, action: str) -> None:

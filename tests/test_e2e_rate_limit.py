@@ -57,7 +57,13 @@ from tests.fault_support import (
     wait_terminal,
 )
 from tests.slurm_fixtures import *  # noqa: F403
-from tests.slurm_fixtures import ALL_VERSIONS, SlurmEnv, as_root, matrix_versions
+from tests.slurm_fixtures import (
+    ALL_VERSIONS,
+    SlurmEnv,
+    as_root,
+    matrix_versions,
+    started_runs,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SLURM_UP = ROOT / "scripts" / "slurm-up"
@@ -173,18 +179,6 @@ def rate_limited(slurm_version: str, slurm: SlurmEnv) -> Iterator[Limited]:
         assert "rl_enable" not in _ctld_params(slurm_version)
 
 
-def _executions(version: str, names: set[str]) -> dict[str, int]:
-    """Per ``dj-`` name, how many of its sacct records (all users, -D) ever started."""
-    out = as_root("sacct", "-a", "-X", "-D", "-P", "-n", "-S", "now-2hours",
-                  "-o", "JobName%64,Start", version=version).stdout
-    counts = dict.fromkeys(names, 0)
-    for line in out.splitlines():
-        name, _, start = line.partition("|")
-        if name in counts and start not in ("Unknown", "None", ""):
-            counts[name] += 1
-    return counts
-
-
 def _script_durations(records: list[dict[str, Any]]) -> list[tuple[float, int]]:
     """(seconds, sbatch count) of every Start batch script the daemon ran. A record's end
     names no begin: each is paired with the oldest open begin of the same process and
@@ -265,7 +259,7 @@ def test_rate_limit_is_back_pressure(rate_limited: Limited, slurm_version: str,
     events = query(url, "SELECT kind, message FROM events")
     mentions = [(k, m) for k, m in events if "rate limit" in str(m).lower()]
     counts = event_counts(url, ["Failed", "Resubmitting", "SubmitDeferred", "ActionFailed"])
-    executions = _executions(slurm_version, {"dj-" + i for i in ids})
+    executions = started_runs(slurm_version, {"dj-" + i for i in ids})
     rate = (run1 - run0) / took
     log_text = daemon.log_text()
     emit(f"\nrate limit {RATE_LIMIT} on {slurm_version}: {JOBS} jobs in {took:.1f}s; "

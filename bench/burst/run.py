@@ -501,6 +501,13 @@ def raw_loop(ctx: Context, mode: str, parallel: int) -> dict[str, Any]:
              for n in shares if n]
     script = ("pids=; " + "; ".join(loops)
               + "; rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc")
+    return timed_script(ctx, script)
+
+
+def timed_script(ctx: Context, script: str) -> dict[str, Any]:
+    """Run a baseline's shell script as the submit user: its wall time, N / that, and the
+    user's slurmctld RPCs per job (sdiag before and after); the cluster drained after."""
+    jobs = ctx.args.jobs
     wait_for_room(jobs, ctx.max_jobs, ctx.min_job_age)
     users0, types0 = sdiag_counts()
     began = time.perf_counter()
@@ -522,16 +529,7 @@ def gated_loop(ctx: Context) -> dict[str, Any]:
     script = (f"ids=; i=0; while [ $i -lt {jobs} ]; do {one}; i=$((i+1)); done; "
               "printf '%s\\n' $ids | xargs -n 64 | tr ' ' ',' | "
               "while read -r list; do scontrol release \"$list\" || exit 1; done")
-    wait_for_room(jobs, ctx.max_jobs, ctx.min_job_age)
-    users0, types0 = sdiag_counts()
-    began = time.perf_counter()
-    as_user(ctx.user, "sh", "-c", script, timeout=ctx.args.timeout)
-    took = time.perf_counter() - began
-    users1, types1 = sdiag_counts()
-    cancel_all(ctx.user)
-    rpcs = delta(users1, users0).get(ctx.user, 0)
-    return {"seconds": took, "rate": jobs / took, "rpcs": rpcs / jobs,
-            "rpc_types": delta(types1, types0)}
+    return timed_script(ctx, script)
 
 
 def write_config(ctx: Context, url: str, port: int, output: Path) -> Path:
