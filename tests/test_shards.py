@@ -5,6 +5,9 @@ dead replica's over. Proven on real clusters in tests/test_e2e_clusters.py."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -17,11 +20,12 @@ from controller.metrics import Metrics
 from controller.model.ids import new_job_id
 from controller.model.obs import ObjectRef, StartRequest
 from controller.reconcile.placement import Clusters
-from controller.reconcile.tick import Reconciler
+from controller.reconcile.tick import Reconciler, TickReport
 from controller.store import repo
 from controller.store.db import Store
 from controller.store.members import Membership, list_replicas
 from controller.store.models import JobStatus, Submission
+from tests.daemon_harness import free_port
 from tests.fakeslurm import FakeSlurm
 
 NOW = 1_800_000_000
@@ -220,3 +224,99 @@ def test_a_cluster_is_never_led_under_two_lease_names(any_store: Store) -> None:
     assert shard_lease(first, "gpu", any_store).try_acquire()
     one.release()
     assert two.try_acquire()  # once the first let go
+
+
+# ---------------------------------------------------------------- found by bench/shards
+
+
+async def test_a_replica_takes_no_more_than_its_share_even_at_once(pg_store: Store) -> None:
+    """Every shard's first tick starts at once: each must not pass the fair-share check
+    before the others' takes are counted (bench/shards saw held=8 with share 3)."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": f"c{i}"} for i in range(10)]})
+    clock = [float(NOW)]
+    for i in range(3):  # three other live replicas
+        Membership(pg_store, holder=f"other-{i}", ttl_s=30,
+                   clock=lambda: clock[0]).heartbeat()
+    d = replica(pg_store, config, clock)
+    d.count_replicas()
+    assert d.share == 3  # ceil(10 / 4)
+    await d.tick_once()
+    assert len(d.held()) == 3
+
+
+def quick_config(**daemon: float) -> Config:
+    port = free_port()
+    return parse_config({"daemon": {"metrics_port": port, **daemon},
+                         "clusters": [{"name": "cpu"}, {"name": "gpu"}]})
+
+
+async def test_sigterm_finishes_the_tick_in_progress(sqlite_store: Store) -> None:
+    config = quick_config(tick_interval_s=5, lease_ttl_s=30)
+    clock = [float(NOW)]
+    d = replica(sqlite_store, config, clock)
+    began, finished = asyncio.Event(), []
+
+    async def slow_tick() -> TickReport:
+        began.set()
+        await asyncio.sleep(1.0)
+        finished.append(True)
+        return TickReport()
+
+    d.shards[0].reconciler.tick = slow_tick  # type: ignore[method-assign]
+    run = asyncio.create_task(d.run(install_signals=False))
+    await asyncio.wait_for(began.wait(), 30)
+    d.stop_event.set()  # what SIGTERM does
+    await asyncio.wait_for(run, 30)
+    assert finished == [True]  # not cancelled half-way
+
+
+async def test_a_long_tick_of_one_shard_does_not_let_anothers_lease_lapse(
+        sqlite_store: Store) -> None:
+    """Two shards whose ticks each run ~3 s of blocking work in 1 s pieces (a shard's
+    first tick at 10k jobs): each renews its lease only when its tick starts, so without
+    renewals between the pieces a lease of 3 s lapses and a rival replica takes it."""
+    config = quick_config(tick_interval_s=1, lease_ttl_s=3, lease_margin_s=0.5)
+    d = Daemon(config, store=sqlite_store, metrics=Metrics(), shards=[
+        build_shard(config, name, store=sqlite_store, adapter=Cluster(name, [NOW]),
+                    metrics=Metrics(cluster=name)) for name in ("cpu", "gpu")])
+    for shard in d.shards[1:]:
+        shard.lease.holder = d.shards[0].lease.holder
+    done: list[str] = []
+
+    def blocking_tick(name: str) -> Any:
+        async def tick() -> TickReport:
+            if name in done:
+                return TickReport()
+            for _ in range(3):
+                time.sleep(1.0)  # CPU-bound planning, in pieces
+                await asyncio.sleep(0)
+            done.append(name)
+            return TickReport()
+        return tick
+
+    for shard in d.shards:
+        shard.reconciler.tick = blocking_tick(shard.name)  # type: ignore[method-assign]
+    rival = shard_lease(config, "gpu", sqlite_store)
+    rival.holder = "rival"  # another replica: its own thread, its own pace
+    stolen: list[bool] = []
+    stop = threading.Event()
+
+    def rival_tries() -> None:
+        while not stop.wait(0.2):
+            stolen.append(rival.try_acquire())
+
+    run = asyncio.create_task(d.run(install_signals=False))
+    while not all(shard.held for shard in d.shards):  # (the rival tries once they hold)
+        await asyncio.sleep(0.05)
+    thread = threading.Thread(target=rival_tries)
+    thread.start()
+    try:
+        while len(done) < 2:
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join()
+    d.stop_event.set()
+    await asyncio.wait_for(run, 30)
+    assert not any(stolen) and len(stolen) >= 10

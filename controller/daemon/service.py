@@ -8,6 +8,8 @@
   ``ceil(shards / live replicas)``; one that holds more (a replica joined) gives the
   surplus up, one at a time; an orphaned shard (its replica died: the lease expired) is
   taken by a replica below its share. SQLite: one daemon holds every shard.
+- A keeper thread renews the held leases and the membership row every quarter TTL,
+  whatever the event loop is busy with.
 - SIGTERM/SIGINT: finish the ticks in progress, release the leases (standbys take over
   at once), leave the membership, exit 0. Jobs are never cancelled on shutdown.
 """
@@ -18,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -94,8 +97,10 @@ class Daemon:
         self.membership = membership if membership is not None else Membership(
             store, holder=self.shards[0].lease.holder, ttl_s=d.lease_ttl_s, clock=clock)
         self.share = len(self.shards)  # until the first count of live replicas
+        self._taking = asyncio.Lock()  # one take at a time: the share holds (``_take``)
         for shard in self.shards:
             shard.may_take = self._may_take
+            shard.take = self._take
             shard.on_moved = self._wake_clusters
         self.stop_event = asyncio.Event()
         self._scheduler: AsyncIOScheduler | None = None
@@ -136,12 +141,44 @@ class Daemon:
             self.count_replicas()
         return len(self.held()) < self.share
 
+    async def _take(self, shard: Shard) -> bool:
+        """Renew ``shard``'s lease if held; else take it if this daemon is below its fair
+        share -- one take at a time, so shards whose ticks start together cannot all pass
+        the check before any of them holds its lease. A stopping daemon takes nothing."""
+        if shard.lease.held:
+            return await shard.lease_call(shard.lease.try_acquire)
+        if self.stop_event.is_set():
+            return False
+        async with self._taking:
+            if not self._may_take():
+                return False
+            return await shard.lease_call(shard.lease.try_acquire)
+
+    def _keep(self, stop: threading.Event) -> None:
+        """The lease keeper, a thread of its own: every quarter TTL it renews each held
+        lease that has run under half its TTL, and this replica's membership row. A busy
+        event loop (a shard's long first tick, in pieces that wait behind the others')
+        never lets a lease or the membership lapse."""
+        period = max(0.2, self.config.daemon.lease_ttl_s / 4)
+        while not stop.wait(period):
+            held = []
+            for shard in self.shards:
+                if shard.lease.held:
+                    shard.lease.refresh()
+                    held.append(shard.name)
+            self.membership.heartbeat(held)
+
     def count_replicas(self) -> None:
-        """Renew this replica's row, count the live ones, and set the fair share; a
-        daemon above it marks one held shard to give up after its tick (the last by
-        name: every replica sheds the same way)."""
+        """Renew this replica's row, count the live ones, and set the fair share."""
+        self.membership.heartbeat([shard.name for shard in self.held()])
+        self._share()
+
+    def _share(self) -> None:
+        """The fair share from the live replicas last counted; a daemon above it marks
+        one held shard to give up after its tick (the last by name: every replica sheds
+        the same way)."""
         held = self.held()
-        live = self.membership.heartbeat([shard.name for shard in held])
+        live = self.membership.live
         self.share = fair_share(len(self.shards), live)
         self.metrics.set_replicas_live(live)
         self.metrics.set_shards_held(len(held))
@@ -154,7 +191,7 @@ class Daemon:
             surplus.wake()
 
     async def _members(self) -> None:
-        await asyncio.to_thread(self.count_replicas)
+        self._share()  # (the keeper thread counts the replicas)
 
     def _wake_clusters(self, clusters: set[str]) -> None:
         """A tick moved jobs to these clusters: their shards (if here) tick at once."""
@@ -200,10 +237,16 @@ class Daemon:
         self.http = HealthServer(self.metrics.registry, self.ready, host=d.metrics_host,
                                  port=d.metrics_port)
         await self.http.start()
-        await self._members()  # the fair share before the first tick
+        await asyncio.to_thread(self.count_replicas)  # the fair share before any tick
+        keeper_stop = threading.Event()
+        keeper = threading.Thread(target=self._keep, args=(keeper_stop,),
+                                  name="dispatch-lease-keeper", daemon=True)
+        keeper.start()
         scheduler = AsyncIOScheduler(event_loop=loop)
+        # (misfire_grace_time=None: a run the busy loop delayed still runs, late)
         scheduler.add_job(self._members, "interval", seconds=d.tick_interval_s,
-                          id="members", max_instances=1, coalesce=True)
+                          id="members", max_instances=1, coalesce=True,
+                          misfire_grace_time=None)
         for shard in self.shards:
             scheduler.add_job(shard.tick_once, "interval", seconds=d.tick_interval_s,
                               id=f"tick:{shard.name}", max_instances=1, coalesce=True,
@@ -223,15 +266,18 @@ class Daemon:
                                           "shards": [shard.name for shard in self.shards]})
         await self.stop_event.wait()
         log.info("stopping: finishing the ticks in progress")
-        scheduler.shutdown(wait=False)
+        # before the scheduler stops: its shutdown cancels the coroutines it runs
         await asyncio.gather(*(shard.drain() for shard in self.shards))
+        scheduler.shutdown(wait=False)
         if listener is not None:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
         await self.http.close()
+        keeper_stop.set()
+        await asyncio.to_thread(keeper.join)
         for shard in self.shards:
-            await asyncio.to_thread(shard.give_up, "shutdown")
+            await shard.release("shutdown")
         await asyncio.to_thread(self.membership.leave)
         log.info("daemon stopped")
 

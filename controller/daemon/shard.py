@@ -58,6 +58,8 @@ class Shard:
                  preflight: Callable[[], Awaitable[list[str]]] | None = None,
                  may_take: Callable[[], bool] = lambda: True,
                  on_moved: Callable[[set[str]], None] = lambda clusters: None) -> None:
+        # renew the lease if held, else take it if the daemon may (``Daemon._take``
+        # counts and serialises the takes of its shards)
         self.name = name
         self.store = store
         self.adapter = adapter
@@ -69,6 +71,7 @@ class Shard:
         self.preflight = preflight
         self.may_take = may_take
         self.on_moved = on_moved
+        self.take: Callable[[Shard], Awaitable[bool]] = _take_alone
         self._held_epoch: int | None = None  # the epoch the last tick ran under
         self.seen: LeaseInfo | None = None  # the lease row as last read
         self.stopping = False
@@ -103,11 +106,9 @@ class Shard:
             return
         async with self._tick_lock:
             if self.shed and self.lease.held:
-                await asyncio.to_thread(self.give_up, "shed: more than a fair share held")
+                await self.release("shed: more than a fair share held")
                 return  # (not taken again at once: another replica's turn)
-            leader = False
-            if self.lease.held or self.may_take():
-                leader = await asyncio.to_thread(self.lease.try_acquire)
+            leader = await self.take(self)
             await asyncio.to_thread(self._read_lease)
             if not leader:
                 self._standing_by()
@@ -164,6 +165,17 @@ class Shard:
                                             "holder": seen.holder if seen else None,
                                             "epoch": seen.epoch if seen else None})
         self._publish_leader()
+
+    async def lease_call(self, call: Callable[[], bool]) -> bool:
+        """Run a lease call (a database round trip) in a worker thread."""
+        return await asyncio.to_thread(call)
+
+    async def release(self, why: str) -> None:
+        """``give_up`` in a worker thread (``lease_call``)."""
+        def call() -> bool:
+            self.give_up(why)
+            return True
+        await self.lease_call(call)
 
     def give_up(self, why: str) -> None:
         """Release the lease (shutdown, or shedding): another replica takes it at once."""
@@ -259,6 +271,13 @@ class Shard:
         self.stopping = True
         async with self._tick_lock:
             pass
+
+
+async def _take_alone(shard: Shard) -> bool:
+    """A shard on its own: renew, or take when ``may_take`` says so."""
+    if not shard.lease.held and not shard.may_take():
+        return False
+    return await shard.lease_call(shard.lease.try_acquire)
 
 
 __all__ = ["AGAIN_LIMIT", "Shard", "lease_name"]

@@ -345,6 +345,9 @@ class Reconciler:
                 report.timings["apply"] += time.perf_counter() - t0
             # this chunk's rows and plans go now, not when the next chunk's replace them
             del part, plans, outcomes, acting
+            # let the loop run between chunks (other shards' ticks, lease renewals): a
+            # long first tick is many short pieces, never one block
+            await asyncio.sleep(0)
 
         self._validated = self._carried
         t0 = time.perf_counter()

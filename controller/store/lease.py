@@ -22,18 +22,23 @@ on SQLite and PostgreSQL, and the fence every write of the leader goes through.
   wakes up past its deadline and writes nothing until it holds the lease again.
 
 Times in the row are wall-clock milliseconds from the injected ``clock``; the deadline
-uses the injected ``monotonic`` clock.
+uses the injected ``monotonic`` clock. A ``Lease`` may be used from several threads (the
+daemon renews its leases from a thread of its own, so a busy event loop never lets one
+lapse): its methods hold one lock.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
+import threading
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -79,8 +84,20 @@ def read_leases(tx: Session) -> list[LeaseInfo]:
             for row in tx.execute(select(LeaseRow).order_by(LeaseRow.name)).scalars()]
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run a ``Lease`` method under the lease's lock (re-entrant: renew inside guard)."""
+    @functools.wraps(method)
+    def call(self: Lease, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call  # type: ignore[return-value]
+
+
 class Lease:
-    """This process's view of one lease. Not thread-safe: use it from one thread or loop."""
+    """This process's view of one lease; thread-safe (module docstring)."""
 
     def __init__(self, store: Store, *, ttl_s: float, margin_s: float,
                  holder: str | None = None, name: str = DEFAULT_LEASE,
@@ -99,6 +116,7 @@ class Lease:
         self._monotonic = monotonic
         self.epoch: int | None = None  # the epoch we hold, None when not the holder
         self._deadline = float("-inf")  # monotonic: our lease surely holds until then
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------ state
 
@@ -114,6 +132,7 @@ class Lease:
 
     # ------------------------------------------------------------ acquire / renew
 
+    @_locked
     def renew(self) -> bool:
         """Extend the lease we hold (never take it anew: a tick in progress must not carry
         on under a new epoch). False, and ``epoch`` dropped, when it moved."""
@@ -135,6 +154,7 @@ class Lease:
         self._deadline = sent + self.ttl_s
         return True
 
+    @_locked
     def try_acquire(self) -> bool:
         """Renew the lease if we hold it, else take it if it is free or expired.
 
@@ -213,6 +233,7 @@ class Lease:
             return None  # someone else moved it between our read and our write
         return int(epoch) + 1
 
+    @_locked
     def release(self) -> None:
         """Give the lease up (shutdown): expire it at once so a standby takes over."""
         if self.epoch is None:
@@ -227,6 +248,7 @@ class Lease:
         self.epoch = None
         self._deadline = float("-inf")
 
+    @_locked
     def drop(self) -> None:
         """Forget the lease locally (after ``LeaseLost``): no more writes until acquired."""
         self.epoch = None
@@ -234,6 +256,7 @@ class Lease:
 
     # ------------------------------------------------------------ the fence
 
+    @_locked
     def check(self, tx: Session) -> None:
         """Fence a write transaction: its first statement. ``LeaseLost`` if the lease moved
         (the caller's ``transaction()`` rolls everything back)."""
@@ -247,12 +270,14 @@ class Lease:
             self.drop()
             raise LeaseLost(f"lease epoch {held} is no longer ours")
 
+    @_locked
     def refresh(self) -> None:
         """Renew when under half the TTL is left (a long tick between its writes); a
         failed renewal is left to ``check`` and ``guard`` to act on."""
         if self.epoch is not None and self.remaining() < self.ttl_s / 2:
             self.renew()
 
+    @_locked
     def guard(self) -> None:
         """Before a Slurm write: ``LeaseLost`` unless the lease surely holds, with margin.
         A tick that ran long renews here first (one small transaction)."""

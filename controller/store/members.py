@@ -36,8 +36,8 @@ class ReplicaInfo:
 
 
 def fair_share(shards: int, replicas: int) -> int:
-    """The most shards one replica takes: every shard gets a replica, none gets two
-    more than another."""
+    """The most shards one replica takes: with every replica at it, every shard has one
+    (10 shards over 4 replicas: at most 3 each, so 3/3/3/1 is a fair spread too)."""
     return math.ceil(shards / max(1, replicas)) if shards else 0
 
 
