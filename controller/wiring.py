@@ -25,6 +25,7 @@ from controller.runner.local import LocalRunner
 from controller.runner.ssh import SSHRunner
 from controller.slurm.adapter import SlurmAdapter
 from controller.store.db import Store
+from controller.store.lease import new_holder_id
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -112,10 +113,11 @@ def build_all(config: Config) -> Parts:
     store = build_store(config)
     runners: list[Runner] = []
     shards: list[Shard] = []
+    holder = new_holder_id()  # this replica, in every lease it holds
     for cluster in config.clusters:
         view = metrics.for_cluster(cluster.name)
         runner = build_runner(cluster, observer=view.observe_command)
-        lease = shard_lease(config, cluster.name, store)
+        lease = shard_lease(config, cluster.name, store, holder=holder)
         adapter = build_adapter(cluster, runner, write_guard=lease.guard)
         runners.append(runner)
         shards.append(build_shard(config, cluster.name, store=store, adapter=adapter,

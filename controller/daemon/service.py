@@ -42,12 +42,14 @@ from controller.store.members import Membership, fair_share
 log = logging.getLogger("dispatch.daemon")
 
 
-def shard_lease(config: Config, name: str, store: Store, *, clock: Clock = time.time) -> Lease:
-    """The lease of configured cluster ``name``'s shard (``controller.daemon.shard``)."""
+def shard_lease(config: Config, name: str, store: Store, *, clock: Clock = time.time,
+                holder: str | None = None) -> Lease:
+    """The lease of configured cluster ``name``'s shard (``controller.daemon.shard``);
+    ``holder``: this replica's id (one for all its shards), else a new one."""
     d = config.daemon
     return Lease(store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, clock=clock,
                  name=lease_name(name, default=name == config.default_cluster.name),
-                 cluster=name)
+                 cluster=name, holder=holder)
 
 
 def build_shard(config: Config, name: str, *, store: Store, adapter: SlurmPort,
