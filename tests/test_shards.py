@@ -319,4 +319,4 @@ async def test_a_long_tick_of_one_shard_does_not_let_anothers_lease_lapse(
         thread.join()
     d.stop_event.set()
     await asyncio.wait_for(run, 30)
-    assert not any(stolen) and len(stolen) >= 10
+    assert not any(stolen) and len(stolen) >= 5

@@ -8,8 +8,8 @@
   ``ceil(shards / live replicas)``; one that holds more (a replica joined) gives the
   surplus up, one at a time; an orphaned shard (its replica died: the lease expired) is
   taken by a replica below its share. SQLite: one daemon holds every shard.
-- A keeper thread renews the held leases and the membership row every quarter TTL,
-  whatever the event loop is busy with.
+- A keeper thread renews the held leases and the membership row every quarter TTL and
+  takes orphaned shards, whatever the event loop is busy with.
 - SIGTERM/SIGINT: finish the ticks in progress, release the leases (standbys take over
   at once), leave the membership, exit 0. Jobs are never cancelled on shutdown.
 """
@@ -30,13 +30,14 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from controller.config import Config
 from controller.daemon.http import HealthServer
 from controller.daemon.shard import AGAIN_LIMIT, Shard, lease_name
+from controller.errors import DispatchError
 from controller.metrics import Metrics
 from controller.reconcile.placement import Clusters
 from controller.reconcile.ports import SlurmPort
 from controller.reconcile.tick import Clock, Reconciler
 from controller.store import notify
 from controller.store.db import Store
-from controller.store.lease import Lease
+from controller.store.lease import Lease, read_leases
 from controller.store.members import Membership, fair_share
 
 log = logging.getLogger("dispatch.daemon")
@@ -99,7 +100,7 @@ class Daemon:
         self.membership = membership if membership is not None else Membership(
             store, holder=self.shards[0].lease.holder, ttl_s=d.lease_ttl_s, clock=clock)
         self.share = len(self.shards)  # until the first count of live replicas
-        self._taking = asyncio.Lock()  # one take at a time: the share holds (``_take``)
+        self._take_lock = threading.Lock()  # one take at a time (``_take_now``)
         for shard in self.shards:
             shard.may_take = self._may_take
             shard.take = self._take
@@ -134,33 +135,33 @@ class Daemon:
 
     def _may_take(self) -> bool:
         """Whether this daemon may take one more shard: it holds fewer than its fair
-        share. Asked by a shard about to try its lease; an orphaned shard makes it
-        count the live replicas again first (a dead replica's row expires with its
-        leases: the survivors' share grows at once)."""
-        if len(self.held()) < self.share:
-            return True
-        if any(shard.orphaned() for shard in self.shards):
-            self.count_replicas()
+        share (the keeper thread keeps the count of live replicas fresh)."""
         return len(self.held()) < self.share
 
-    async def _take(self, shard: Shard) -> bool:
+    def _take_now(self, shard: Shard) -> bool:
         """Renew ``shard``'s lease if held; else take it if this daemon is below its fair
-        share -- one take at a time, so shards whose ticks start together cannot all pass
-        the check before any of them holds its lease. A stopping daemon takes nothing."""
+        share -- one take at a time (a thread lock), so shards whose ticks start
+        together, and the keeper, cannot all pass the check before any of them holds its
+        lease. A stopping daemon takes nothing. Any thread; a database round trip."""
         if shard.lease.held:
-            return await shard.lease_call(shard.lease.try_acquire)
+            return shard.lease.try_acquire()
         if self.stop_event.is_set():
             return False
-        async with self._taking:
+        with self._take_lock:
             if not self._may_take():
                 return False
-            return await shard.lease_call(shard.lease.try_acquire)
+            return shard.lease.try_acquire()
 
-    def _keep(self, stop: threading.Event) -> None:
-        """The lease keeper, a thread of its own: every quarter TTL it renews each held
-        lease that has run under half its TTL, and this replica's membership row. A busy
-        event loop (a shard's long first tick, in pieces that wait behind the others')
-        never lets a lease or the membership lapse."""
+    async def _take(self, shard: Shard) -> bool:
+        return await asyncio.to_thread(self._take_now, shard)
+
+    def _keep(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
+        """The keeper, a thread of its own, every quarter TTL: renews each held lease
+        that has run under half its TTL and this replica's membership row, counts the
+        live replicas, and takes orphaned shards (their replica died: the lease expired)
+        while below the fair share, waking each taken shard's first tick. A busy event
+        loop (shards' long first ticks, in pieces that wait behind one another) never
+        lets a lease or the membership lapse, nor delays a takeover."""
         period = max(0.2, self.config.daemon.lease_ttl_s / 4)
         while not stop.wait(period):
             held = []
@@ -168,7 +169,28 @@ class Daemon:
                 if shard.lease.held:
                     shard.lease.refresh()
                     held.append(shard.name)
-            self.membership.heartbeat(held)
+            live = self.membership.heartbeat(held)
+            self.share = fair_share(len(self.shards), live)
+            if not self._may_take():
+                continue
+            for shard in self._orphans():
+                if self._may_take() and self._take_now(shard):
+                    loop.call_soon_threadsafe(shard.wake)
+
+    def _orphans(self) -> list[Shard]:
+        """The shards not held here whose lease was held and has expired: their replica
+        died or stalled. (A lease never taken is left to the shards' own ticks, which
+        take in turn within the fair share: at startup the count of replicas is still
+        growing.)"""
+        try:
+            with self.store.transaction() as tx:
+                leases = {info.name: info for info in read_leases(tx)}
+        except DispatchError:
+            return []
+        now = self.clock()
+        return [shard for shard in self.shards if not shard.lease.held
+                and (info := leases.get(shard.lease.name)) is not None
+                and info.expires_at <= now]
 
     def count_replicas(self) -> None:
         """Renew this replica's row, count the live ones, and set the fair share."""
@@ -241,7 +263,7 @@ class Daemon:
         await self.http.start()
         await asyncio.to_thread(self.count_replicas)  # the fair share before any tick
         keeper_stop = threading.Event()
-        keeper = threading.Thread(target=self._keep, args=(keeper_stop,),
+        keeper = threading.Thread(target=self._keep, args=(keeper_stop, loop),
                                   name="dispatch-lease-keeper", daemon=True)
         keeper.start()
         scheduler = AsyncIOScheduler(event_loop=loop)

@@ -187,11 +187,6 @@ class Shard:
         self._stand_down()
         self._publish_leader()
 
-    def orphaned(self) -> bool:
-        """The lease as last read has expired (or was never taken): up for grabs."""
-        seen = self.seen
-        return not self.lease.held and (seen is None or seen.expires_at <= self.clock())
-
     def _takeover_near(self) -> bool:
         """The lease we stand by has gone unrenewed for half its TTL (a healthy leader
         renews it every tick, and a long tick halfway): a takeover may come soon."""
