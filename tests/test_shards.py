@@ -320,3 +320,38 @@ async def test_a_long_tick_of_one_shard_does_not_let_anothers_lease_lapse(
     d.stop_event.set()
     await asyncio.wait_for(run, 30)
     assert not any(stolen) and len(stolen) >= 5
+
+
+async def test_the_keeper_outlives_a_failed_round(sqlite_store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round that raises (a bug, a driver error the store does not wrap) is logged and
+    the next round runs: leases keep being renewed."""
+    config = parse_config({"daemon": {"lease_ttl_s": 2, "tick_interval_s": 1,
+                                      "lease_margin_s": 0.5},
+                           "clusters": [{"name": name} for name in NAMES]})
+    clock = [float(NOW)]
+    d = replica(sqlite_store, config, clock)
+    d.count_replicas()
+    await d.tick_once()
+    rounds: list[int] = []
+    heartbeat = d.membership.heartbeat
+
+    def flaky(shards: Any = ()) -> int:
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise RuntimeError("boom")
+        return heartbeat(shards)
+
+    monkeypatch.setattr(d.membership, "heartbeat", flaky)
+    stop = threading.Event()
+    keeper = threading.Thread(target=d._keep, args=(stop, asyncio.get_running_loop()))
+    keeper.start()
+    try:
+        for _ in range(100):
+            if len(rounds) >= 3:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        keeper.join()
+    assert len(rounds) >= 3 and all(shard.held for shard in d.shards)

@@ -164,18 +164,24 @@ class Daemon:
         lets a lease or the membership lapse, nor delays a takeover."""
         period = max(0.2, self.config.daemon.lease_ttl_s / 4)
         while not stop.wait(period):
-            held = []
-            for shard in self.shards:
-                if shard.lease.held:
-                    shard.lease.refresh()
-                    held.append(shard.name)
-            live = self.membership.heartbeat(held)
-            self.share = fair_share(len(self.shards), live)
-            if not self._may_take():
-                continue
-            for shard in self._orphans():
-                if self._may_take() and self._take_now(shard):
-                    loop.call_soon_threadsafe(shard.wake)
+            try:
+                self._keep_once(loop)
+            except Exception:  # the keeper never dies: the next round tries again
+                log.exception("lease keeper round failed")
+
+    def _keep_once(self, loop: asyncio.AbstractEventLoop) -> None:
+        held = []
+        for shard in self.shards:
+            if shard.lease.held:
+                shard.lease.refresh()
+                held.append(shard.name)
+        live = self.membership.heartbeat(held)
+        self.share = fair_share(len(self.shards), live)
+        if not self._may_take():
+            return
+        for shard in self._orphans():
+            if self._may_take() and self._take_now(shard):
+                loop.call_soon_threadsafe(shard.wake)
 
     def _orphans(self) -> list[Shard]:
         """The shards not held here whose lease was held and has expired: their replica
