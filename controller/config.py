@@ -44,7 +44,7 @@ from typing import Any, Final
 
 from controller.errors import ErrInvalid
 from controller.model.setting import MASK, Setting, redact_url, setting, setting_of
-from controller.model.spec import Placement, check_env_name
+from controller.model.spec import CLUSTER_NAME_RE, Placement, check_env_name
 from controller.reconcile.settings import ReconcileConfig
 from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S
 from controller.slurm.script import (
@@ -56,7 +56,6 @@ from controller.slurm.script import (
 
 log = logging.getLogger("dispatch.config")
 
-_CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -119,7 +118,7 @@ class ClusterConfig:
     """The Slurm cluster this controller acts on."""
 
     name: str = setting("lab", doc="the cluster's name: ObjectRef.cluster of its objects",
-                        check=_pattern(_CLUSTER_NAME_RE,
+                        check=_pattern(CLUSTER_NAME_RE,
                                        "1-64 of [A-Za-z0-9_.-], starting alphanumeric"))
 
 

@@ -99,7 +99,6 @@ class Daemon:
         d = config.daemon
         self.membership = membership if membership is not None else Membership(
             store, holder=self.shards[0].lease.holder, ttl_s=d.lease_ttl_s, clock=clock)
-        self.share = len(self.shards)  # until the first count of live replicas
         self._take_lock = threading.Lock()  # one take at a time (``_take_now``)
         for shard in self.shards:
             shard.may_take = self._may_take
@@ -132,6 +131,12 @@ class Daemon:
 
     def held(self) -> list[Shard]:
         return [shard for shard in self.shards if shard.held]
+
+    @property
+    def share(self) -> int:
+        """The most shards this daemon takes, from the live replicas last counted (every
+        shard before the first count)."""
+        return fair_share(len(self.shards), self.membership.live)
 
     def _may_take(self) -> bool:
         """Whether this daemon may take one more shard: it holds fewer than its fair
@@ -175,8 +180,7 @@ class Daemon:
             if shard.lease.held:
                 shard.lease.refresh()
                 held.append(shard.name)
-        live = self.membership.heartbeat(held)
-        self.share = fair_share(len(self.shards), live)
+        self.membership.heartbeat(held)
         if not self._may_take():
             return
         for shard in self._orphans():
@@ -199,17 +203,16 @@ class Daemon:
                 and info.expires_at <= now]
 
     def count_replicas(self) -> None:
-        """Renew this replica's row, count the live ones, and set the fair share."""
+        """Renew this replica's row and count the live ones (``share`` follows), then
+        ``_rebalance``."""
         self.membership.heartbeat([shard.name for shard in self.held()])
-        self._share()
+        self._rebalance()
 
-    def _share(self) -> None:
-        """The fair share from the live replicas last counted; a daemon above it marks
-        one held shard to give up after its tick (the last by name: every replica sheds
-        the same way)."""
+    def _rebalance(self) -> None:
+        """Publish the counts; a daemon above its fair share marks one held shard to give
+        up after its tick (the last by name: every replica sheds the same way)."""
         held = self.held()
         live = self.membership.live
-        self.share = fair_share(len(self.shards), live)
         self.metrics.set_replicas_live(live)
         self.metrics.set_shards_held(len(held))
         if len(held) > self.share and not any(shard.shed for shard in held):
@@ -221,7 +224,7 @@ class Daemon:
             surplus.wake()
 
     async def _members(self) -> None:
-        self._share()  # (the keeper thread counts the replicas)
+        self._rebalance()  # (the keeper thread counts the replicas)
 
     def _wake_clusters(self, clusters: set[str]) -> None:
         """A tick moved jobs to these clusters: their shards (if here) tick at once."""

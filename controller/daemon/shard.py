@@ -58,8 +58,6 @@ class Shard:
                  preflight: Callable[[], Awaitable[list[str]]] | None = None,
                  may_take: Callable[[], bool] = lambda: True,
                  on_moved: Callable[[set[str]], None] = lambda clusters: None) -> None:
-        # renew the lease if held, else take it if the daemon may (``Daemon._take``
-        # counts and serialises the takes of its shards)
         self.name = name
         self.store = store
         self.adapter = adapter
@@ -71,6 +69,8 @@ class Shard:
         self.preflight = preflight
         self.may_take = may_take
         self.on_moved = on_moved
+        # renew the lease if held, else take it if the daemon may (``Daemon._take``
+        # counts and serialises the takes of its shards)
         self.take: Callable[[Shard], Awaitable[bool]] = _take_alone
         self._held_epoch: int | None = None  # the epoch the last tick ran under
         self.seen: LeaseInfo | None = None  # the lease row as last read
@@ -84,10 +84,6 @@ class Shard:
     @property
     def held(self) -> bool:
         return self.lease.held
-
-    @property
-    def busy(self) -> bool:
-        return self._tick_lock.locked()
 
     # ------------------------------------------------------------ the loop
 
@@ -166,16 +162,9 @@ class Shard:
                                             "epoch": seen.epoch if seen else None})
         self._publish_leader()
 
-    async def lease_call(self, call: Callable[[], bool]) -> bool:
-        """Run a lease call (a database round trip) in a worker thread."""
-        return await asyncio.to_thread(call)
-
     async def release(self, why: str) -> None:
-        """``give_up`` in a worker thread (``lease_call``)."""
-        def call() -> bool:
-            self.give_up(why)
-            return True
-        await self.lease_call(call)
+        """``give_up`` in a worker thread (a database round trip)."""
+        await asyncio.to_thread(self.give_up, why)
 
     def give_up(self, why: str) -> None:
         """Release the lease (shutdown, or shedding): another replica takes it at once."""
@@ -272,7 +261,7 @@ async def _take_alone(shard: Shard) -> bool:
     """A shard on its own: renew, or take when ``may_take`` says so."""
     if not shard.lease.held and not shard.may_take():
         return False
-    return await shard.lease_call(shard.lease.try_acquire)
+    return await asyncio.to_thread(shard.lease.try_acquire)
 
 
 __all__ = ["AGAIN_LIMIT", "Shard", "lease_name"]

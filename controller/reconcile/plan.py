@@ -345,6 +345,11 @@ def _reject(b: _Builder, ours: Sequence[ObjectObs]) -> None:
         b.event("Cancelling", f"rejected row: cancelling Slurm job {obs.ref.id}")
 
 
+def _waiting(job: JobState) -> Phase:
+    """The phase of a job with no live object that waits to be submitted."""
+    return Phase.HELD if job.desired == Desired.HELD else Phase.PENDING
+
+
 def _placed(b: _Builder) -> bool:
     """Place the job on this shard's cluster (``placement``). False when its document
     names a cluster the configuration does not know: the job waits, unplaced and
@@ -363,7 +368,7 @@ def _placed(b: _Builder) -> bool:
         if not any(c.type == "ClusterKnown" and not c.status for c in job.conditions):
             b.event("Rejected", message)
         b.condition("ClusterKnown", False, "UnknownCluster", message)
-        b.update(phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING,
+        b.update(phase=_waiting(job),
                  reason="UnknownCluster")
         return False
     if any(c.type == "ClusterKnown" for c in job.conditions):
@@ -396,7 +401,7 @@ def _next_cluster(b: _Builder, outcome: Outcome) -> bool:
     if nxt is None or clusters is None:
         return False
     b.update(current=None, object_state=None,
-             phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING)
+             phase=_waiting(job))
     _move(b, nxt, f"cluster {clusters.here} did not accept submission {outcome.submission}: "
                   f"{outcome.detail}"[:1500])
     return True
@@ -427,7 +432,7 @@ def _submit_deferred(b: _Builder, outcome: Outcome) -> None:
     delay = min(policy.backoff_max_s, max(policy.backoff_initial_s, 1, now - streak))
     b.condition("SubmitDeferred", True, "BackPressure", outcome.detail[:500])
     b.update(current=None, not_before=now + delay,
-             phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING)
+             phase=_waiting(job))
     b.event("SubmitDeferred", f"submission {outcome.submission} deferred for {delay}s: "
                               f"{outcome.detail}".strip()[:2000])
 
@@ -783,7 +788,8 @@ def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
     where = (placement.for_resubmission(job.spec, job.policy.other_cluster_on, cause.kind,
                                         clusters)
              if clusters is not None and job.spec is not None else None)
-    if where is not None and where != job.cluster:
+    moving = where is not None and where != job.cluster
+    if moving:
         # the excluded nodes are this cluster's: they mean nothing on the next one
         excluded = {}
     b.update(budgets_used=budgets, excluded_nodes=excluded, not_before=now + decision.delay_s,
@@ -792,7 +798,8 @@ def _finish_object(b: _Builder, cause: Cause, *, exit_code: int | None,
     b.event("Resubmitting", f"{cause.kind.value}: resubmitting in {decision.delay_s}s "
                             f"(attempt {job.attempt + 1})" + (
                                 "; it never started: no budget spent" if free else ""))
-    if where is not None and where != job.cluster:
+    if moving:
+        assert where is not None
         _move(b, where, f"{cause.kind.value} on cluster {job.cluster} (policy "
                         "other_cluster_on)")
 
@@ -822,7 +829,7 @@ def _maybe_submit(b: _Builder) -> None:
     n = job.submission + 1
     excluded = tuple(sorted(_unexpired(b, job.excluded_nodes)))
     b.update(submission=n, current=Current(n, job.attempt, now), not_before=None,
-             phase=Phase.HELD if job.desired == Desired.HELD else Phase.PENDING,
+             phase=_waiting(job),
              object_state=None, ended_at=None)
     b.submissions.append(SubmissionUpdate(job.job_id, n, "intent", cluster=job.cluster))
     spec = resubmission_spec(job.spec, job.policy, job.budgets_used)

@@ -486,7 +486,6 @@ class Reconciler:
                                                  cache=cache)}
         report.reloaded += len(rows)
         kept: list[_Todo] = []
-        clusters = self.clusters
         for item in todo:
             if item.row is None:
                 job = rows.get(item.job_id)
@@ -494,7 +493,7 @@ class Reconciler:
                     self._memos.pop(item.job_id, None)
                     continue
                 memo = item.memo
-                if clusters is not None and placement.owner(job.state, clusters) != self.here:
+                if self._elsewhere(job):
                     # not placed yet, and another cluster's shard places it: not planned
                     # here until its row moves (then ``_track`` makes a fresh memo)
                     memo.elsewhere = True
@@ -507,6 +506,11 @@ class Reconciler:
                 memo.valid = job.state.spec is not None
             kept.append(item)
         return kept
+
+    def _elsewhere(self, job: repo.LoadedJob) -> bool:
+        """Another cluster's shard plans this job (``placement.owner``)."""
+        clusters = self.clusters
+        return clusters is not None and placement.owner(job.state, clusters) != self.here
 
     def _remember(self, outcomes: Sequence[tuple[_Todo, Plan | None]], written: set[str],
                   ctx: PlanContext, epoch: int) -> None:
@@ -598,8 +602,7 @@ class Reconciler:
                 loaded = repo.load_tracked(tx, self.adapter.cluster,
                                            ids=unchecked[start:start + chunk])
                 for job in loaded:
-                    if (self.clusters is not None
-                            and placement.owner(job.state, self.clusters) != self.here):
+                    if self._elsewhere(job):
                         continue  # the default cluster's shard rejects it
                     memo = self._memos.get(job.state.job_id)
                     if memo is not None and (memo.version, memo.status_version) == (

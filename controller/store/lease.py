@@ -69,19 +69,20 @@ class LeaseInfo:
     acquired_at: float
 
 
-def read_lease(tx: Session, name: str = DEFAULT_LEASE) -> LeaseInfo | None:
-    row = tx.execute(select(LeaseRow).where(LeaseRow.name == name)).scalar_one_or_none()
-    if row is None:
-        return None
+def _info(row: LeaseRow) -> LeaseInfo:
     return LeaseInfo(row.name, row.holder, row.epoch, row.expires_at_ms / 1000.0,
                      row.acquired_at_ms / 1000.0)
 
 
+def read_lease(tx: Session, name: str = DEFAULT_LEASE) -> LeaseInfo | None:
+    row = tx.execute(select(LeaseRow).where(LeaseRow.name == name)).scalar_one_or_none()
+    return None if row is None else _info(row)
+
+
 def read_leases(tx: Session) -> list[LeaseInfo]:
     """Every lease row (one per shard), by name."""
-    return [LeaseInfo(row.name, row.holder, row.epoch, row.expires_at_ms / 1000.0,
-                      row.acquired_at_ms / 1000.0)
-            for row in tx.execute(select(LeaseRow).order_by(LeaseRow.name)).scalars()]
+    return [_info(row) for row in tx.execute(select(LeaseRow).order_by(LeaseRow.name))
+            .scalars()]
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

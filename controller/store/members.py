@@ -1,11 +1,12 @@
 """Replica membership: how many daemons share the shards, from one row each in ``replicas``.
 
-Every daemon renews its row (``heartbeat``) as often as it ticks, with the lease TTL; the
-rows not expired are the live replicas. A daemon takes at most ``fair_share`` of the
-shards (one per configured cluster), so replicas spread the clusters among themselves and
-a replica that dies (its row and its shards' leases expire) leaves its shards to the
-others within a TTL. Rows expired for a long time are deleted by whoever renews next.
-Times are wall-clock milliseconds from the injected clock, like the leases'.
+Every daemon renews its row (``heartbeat``, from its keeper thread every quarter of the
+lease TTL), with the lease TTL; the rows not expired are the live replicas. A daemon
+takes at most ``fair_share`` of the shards (one per configured cluster), so replicas
+spread the clusters among themselves and a replica that dies (its row and its shards'
+leases expire) leaves its shards to the others within a TTL. Rows expired for a long
+time are deleted by whoever renews next. Times are wall-clock milliseconds from the
+injected clock, like the leases'.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def fair_share(shards: int, replicas: int) -> int:
 
 
 class Membership:
-    """This daemon's row in ``replicas``. Use it from one thread or loop."""
+    """This daemon's row in ``replicas``: renewed from one thread at a time; ``live`` (the
+    count it last saw) may be read from any."""
 
     def __init__(self, store: Store, *, holder: str, ttl_s: float,
                  clock: Callable[[], float] = time.time) -> None:

@@ -369,8 +369,8 @@ def _shard(cluster: str | None) -> Any:
     it and those not placed yet (``controller.reconcile.placement``); None: every one."""
     if cluster is None:
         return _tracked()
-    return JobStatus.job_id.is_(None) | (JobStatus.phase.not_in(TERMINAL) & (
-        (JobStatus.cluster == cluster) | JobStatus.cluster.is_(None)))
+    # (a job without a status row has no cluster either: the outer join's NULL)
+    return _tracked() & ((JobStatus.cluster == cluster) | JobStatus.cluster.is_(None))
 
 
 # (dialect, cluster) -> the versions query with its literals inlined (a cluster name is
