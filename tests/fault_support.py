@@ -274,6 +274,19 @@ def executions(job_ids: Iterable[str], *, since: str = "now-2hours",
     return out
 
 
+def recorded_executions(job_ids: Iterable[str], final: Mapping[str, Mapping[str, Any]], *,
+                        timeout: float = 90) -> dict[str, list[SacctRecord]]:
+    """``executions`` once accounting has caught up: slurmdbd records a job seconds after
+    it ended, so a job the daemon saw succeed may not be in sacct yet. Waits until every
+    job of ``final`` whose phase is succeeded has a started record (it surely ran)."""
+    ids = list(job_ids)
+    ended = [j for j in ids if final.get(j, {}).get("phase") == "succeeded"]
+    wait_for(lambda: all(any(ran(r) for r in recs)
+                         for recs in executions(ended).values()),
+             timeout=timeout, interval=1, what="accounting to record every execution")
+    return executions(ids)
+
+
 @dataclass
 class Tally:
     lost: list[str] = field(default_factory=list)

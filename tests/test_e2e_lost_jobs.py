@@ -50,6 +50,7 @@ from tests.fault_support import (
     executions,
     fault_daemon,
     read_records,
+    recorded_executions,
     restore_cluster,
     slurm_ctl,
     slurm_up,
@@ -324,7 +325,8 @@ def verdict(url: str, ids: Sequence[str], final: dict[str, dict[str, Any]],
                              for r in recs) for recs in executions(done).values()),
              timeout=60, what="accounting to record every execution")
     hist = histories(url, ids)
-    outcome = tally(dict.fromkeys(ids, "succeeded"), final, executions(ids))
+    outcome = tally(dict.fromkeys(ids, "succeeded"), final,
+                    recorded_executions(ids, final))
     lost = sorted(i for i in ids if hist[i].lost())
     free = sorted(i for i in lost if any(
         k == "Resubmitting" and "no budget spent" in m for k, m in hist[i].events))

@@ -27,6 +27,7 @@ from tests.fault_support import (
     event_counts,
     executions,
     fault_daemon,
+    recorded_executions,
     slurm_up,
     tally,
     views,
@@ -138,7 +139,8 @@ def test_submit_limit_is_back_pressure(submit_limit: int, tmp_path: Path,
                  what="accounting to record every execution")
         records = d.records()
     took = time.time() - t0
-    outcome = tally(dict.fromkeys(ids, "succeeded"), final, executions(ids))
+    outcome = tally(dict.fromkeys(ids, "succeeded"), final,
+                    recorded_executions(ids, final))
     wrong, why_wrong = wrong_writes(records, url)
     events = event_counts(url, ["SubmitDeferred", "Failed", "Resubmitting"])
     phases = sorted({v["phase"] for v in final.values()})

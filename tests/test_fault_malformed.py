@@ -50,8 +50,8 @@ from tests.fault_support import (
     RecordingRunner,
     cancel_user_jobs,
     emit,
-    executions,
     record_row,
+    recorded_executions,
     slurm_up,
     status_snapshot,
     submissions_per_job,
@@ -480,10 +480,7 @@ def test_malformed_output_on_the_cluster(tmp_path: Path,
                 cancel_user_jobs()
             loop.run(runner.close())
             store.dispose()
-    # slurmdbd records a job seconds after it ended: wait for every started record
-    wait_for(lambda: all(any(ran(r) for r in recs) for recs in executions(ids).values()),
-             timeout=90, interval=1, what="accounting to record every execution")
-    records = executions(ids)
+    records = recorded_executions(ids, final)  # (slurmdbd records a job seconds late)
     shutil.rmtree(gate, ignore_errors=True)
     outcome = tally(dict.fromkeys(ids, "succeeded"), final, records)
     for job_id in ids:

@@ -30,7 +30,6 @@ from controller.store.db import Store
 from tests.fault_support import (
     FaultRow,
     emit,
-    executions,
     fault_daemon,
     intents_left,
     knob,
@@ -40,6 +39,7 @@ from tests.fault_support import (
     pg_ready,
     pg_role_database,
     record_row,
+    recorded_executions,
     restore_cluster,
     slurm_up,
     tally,
@@ -181,7 +181,8 @@ def test_postgres_restarted_under_load(cluster: dict[str, str], tmp_path: Path,
             alive = d.alive()
         lost_records = [j for j in submitter.acked if j not in present]
         unknown_present = [j for j in submitter.unknown if j in present]
-        outcome = tally(dict.fromkeys(present, "succeeded"), final, executions(present))
+        outcome = tally(dict.fromkeys(present, "succeeded"), final,
+                        recorded_executions(present, final))
         wrong, why_wrong = wrong_writes(records, url)
         half_written = _consistency(url)
         intents = intents_left(url)

@@ -24,13 +24,13 @@ from controller.store.db import Store
 from tests.fault_support import (
     FaultRow,
     emit,
-    executions,
     fault_daemon,
     http_status,
     intents_left,
     knob,
     metric_key,
     record_row,
+    recorded_executions,
     restore_cluster,
     slurm_ctl,
     slurm_up,
@@ -107,7 +107,8 @@ def test_slurmctld_down_during_ticks(cluster: dict[str, str], tmp_path: Path,
         alive = d.alive()
 
     ids = through + ending + written
-    outcome = tally(dict.fromkeys(ids, "succeeded"), final, executions(ids))
+    outcome = tally(dict.fromkeys(ids, "succeeded"), final,
+                    recorded_executions(ids, final))
     wrong, why_wrong = wrong_writes(records, url)
     unreachable_ticks = metrics_down.get(
         metric_key("dispatch_ticks_total", result="slurm-unreachable"), 0)

@@ -27,13 +27,13 @@ from tests.fault_support import (
     FaultRow,
     emit,
     event_counts,
-    executions,
     fault_daemon,
     in_squeue,
     intents_left,
     knob,
     metric_key,
     record_row,
+    recorded_executions,
     restore_cluster,
     slurm_ctl,
     slurm_up,
@@ -131,7 +131,7 @@ def test_slurmdbd_down_jobs_stay_unknown(cluster: dict[str, str], tmp_path: Path
     ids = normal + graced + written
     expected: dict[str, str | set[str]] = dict.fromkeys(normal + written, "succeeded")
     expected.update(dict.fromkeys(graced, "failed"))
-    outcome = tally(expected, final, executions(ids))
+    outcome = tally(expected, final, recorded_executions(ids, final))
     wrong, why_wrong = wrong_writes(records, url)
     events = event_counts(url, ("Resubmitting", "Unknown", "Abandoned", "Duplicate"))
     submitted = submissions_per_job(url)

@@ -45,6 +45,7 @@ from tests.fault_support import (
     knob,
     metric_key,
     record_row,
+    recorded_executions,
     restore_cluster,
     slurm_ctl,
     slurm_up,
@@ -181,7 +182,8 @@ def test_ssh_connection_killed_mid_tick_and_mid_start(cluster: dict[str, str], t
         converged_s = time.time() - fault_end
         log = d.log_text()
         records = d.records()
-    outcome = tally(dict.fromkeys(ids, "succeeded"), final, executions(ids))
+    outcome = tally(dict.fromkeys(ids, "succeeded"), final,
+                    recorded_executions(ids, final))
     wrong, why_wrong = wrong_writes(records, url)
     events = event_counts(url, ("Submitted", "Adopted", "Abandoned", "Duplicate",
                                 "ActionFailed"))

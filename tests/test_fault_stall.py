@@ -26,12 +26,12 @@ from controller.client import Client
 from controller.store.db import Store
 from tests.fault_support import (
     FaultRow,
-    executions,
     fault_daemon,
     http_status,
     metric_key,
     query,
     record_row,
+    recorded_executions,
     restore_cluster,
     slurm_up,
     tally,
@@ -149,11 +149,7 @@ def test_stalled_leader_stands_down_without_writing(cluster: dict[str, str], tmp
                      timeout=30, what="two more ticks of the new leader")
             old_after = [e for e in first.records() if e["t"] >= resumed_at
                          and e.get("phase") == "begin"]
-            records = executions(ids)
-            wait_for(lambda: all(any(r.start not in ("Unknown", "None", "")
-                                     for r in executions([j])[j]) for j in ids),
-                     timeout=90, interval=2, what="accounting to record every execution")
-            records = executions(ids)
+            records = recorded_executions(ids, final)
     t = tally(dict.fromkeys(ids, "succeeded"), final, records)
     entries = first.records() + second.records()
     wrong, details = wrong_writes(entries, database)
