@@ -354,3 +354,22 @@ async def test_the_keeper_outlives_a_failed_round(sqlite_store: Store,
         stop.set()
         keeper.join()
     assert len(rounds) >= 3 and all(shard.held for shard in d.shards)
+
+
+async def test_readyz_is_not_ready_before_the_first_lease_attempt(sqlite_store: Store) -> None:
+    """The HTTP endpoint starts before any shard has tried its lease: a daemon that has
+    not yet learnt whether it leads is starting, not a ready standby (CI saw /readyz 200
+    with ``dispatch_leader`` still 0 in the image test)."""
+    clock = [float(NOW)]
+    d = replica(sqlite_store, three_clusters(), clock)
+    ok, why = await d.ready()
+    assert not ok and why.count("starting") == len(NAMES), why
+    d.count_replicas()
+    await d.tick_once()  # alone on SQLite: it leads every shard and has ticked
+    ok, why = await d.ready()
+    assert ok and "standby" not in why, why
+    # a second replica that tried and lost is a ready standby
+    other = replica(sqlite_store, three_clusters(), clock)
+    await other.tick_once()
+    ok, why = await other.ready()
+    assert ok and why.count("standby") == len(NAMES), why

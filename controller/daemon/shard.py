@@ -74,6 +74,7 @@ class Shard:
         self.take: Callable[[Shard], Awaitable[bool]] = _take_alone
         self._held_epoch: int | None = None  # the epoch the last tick ran under
         self.seen: LeaseInfo | None = None  # the lease row as last read
+        self.tried = False  # the lease was tried at least once (until then: starting)
         self.stopping = False
         self.shed = False  # give the lease up after the tick in progress
         self._tick_lock = asyncio.Lock()
@@ -105,6 +106,7 @@ class Shard:
                 await self.release("shed: more than a fair share held")
                 return  # (not taken again at once: another replica's turn)
             leader = await self.take(self)
+            self.tried = True
             await asyncio.to_thread(self._read_lease)
             if not leader:
                 self._standing_by()
@@ -240,9 +242,13 @@ class Shard:
             self.kick()
 
     def status(self, limit_s: float) -> tuple[bool, str]:
-        """Readiness of this shard: a leader must have ticked within ``limit_s``."""
+        """Readiness of this shard: it has tried its lease (before that the daemon does
+        not know whether it leads: starting), and a leader must have ticked within
+        ``limit_s``; a standby is ready."""
         seen = self.seen
         who = f"holder={seen.holder} epoch={seen.epoch}" if seen else "no lease yet"
+        if not self.tried and not self.lease.held:
+            return False, "starting: the lease not tried yet"
         if not self.lease.held:
             return True, f"standby (not leader); {who}"
         last = self.reconciler.last_success
