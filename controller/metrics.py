@@ -6,8 +6,9 @@ the job-phase gauges are refreshed from the database after each tick. One
 (isolated per test); a ``Metrics`` object is a view of those families bound to one
 Slurm cluster (one shard), which fills in the ``cluster`` label, the first label of
 every per-cluster family. ``cluster`` is bounded: one value per configured cluster.
-Two process-level gauges (shards held, replicas seen live) have no ``cluster``
-label. No per-job labels; base units; counters end in ``_total``.
+Three process-level gauges (shards held, replicas seen live, and jobs placed on a
+cluster this replica's configuration does not name: such a name is no bounded label
+value) have no ``cluster`` label. No per-job labels; base units; counters end in ``_total``.
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ class Families:
                                  "the lease of.", registry=r)
         self.replicas_live = Gauge("dispatch_replicas_live", "Live replicas this replica "
                                    "last saw in the database.", registry=r)
+        self.unconfigured = Gauge("dispatch_jobs_unconfigured_cluster", "Non-terminal jobs "
+                                  "placed on a cluster this replica's configuration does "
+                                  "not name: no shard here reconciles them.", registry=r)
         # cluster -> (holder, epoch) of its dispatch_leader_info series, to remove it alone
         self.leader_seen: dict[str, tuple[str, str]] = {}
 
@@ -204,6 +208,10 @@ class Metrics:
     def set_replicas_live(self, n: int) -> None:
         """Process-level: the live replicas this replica last saw (no cluster label)."""
         self.families.set_replicas_live(n)
+
+    def set_unconfigured(self, n: int) -> None:
+        """Process-level: jobs placed on clusters not configured here (no cluster label)."""
+        self.families.unconfigured.set(n)
 
     def set_phase_counts(self, counts: Mapping[str, int]) -> None:
         for phase in PHASES:

@@ -112,7 +112,7 @@ def test_alerts_are_the_expected_set() -> None:
     assert [r["alert"] for r in alert_rules()] == [
         "DispatchNoSuccessfulTick", "DispatchSlurmUnreachable", "DispatchResubmissionStorm",
         "DispatchJobsStuckPending", "DispatchStaleRunningJobs", "DispatchNoLeader",
-        "DispatchShardUnowned", "DispatchAccountingDown"]
+        "DispatchShardUnowned", "DispatchAccountingDown", "DispatchJobsOnUnconfiguredCluster"]
 
 
 @pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
@@ -149,11 +149,12 @@ def test_alert_thresholds() -> None:
         assert joins and all(j == "job, instance, cluster" for j in joins), (name, joins)
 
 
-@pytest.mark.parametrize("rule", [r for r in alert_rules() if r["alert"] != "DispatchNoLeader"],
-                         ids=lambda r: r["alert"])
+@pytest.mark.parametrize("rule", [r for r in alert_rules() if r["alert"] not in (
+    "DispatchNoLeader", "DispatchJobsOnUnconfiguredCluster")], ids=lambda r: r["alert"])
 def test_alert_is_per_cluster(rule: dict[str, Any]) -> None:
     """Each alert keeps ``cluster`` in its aggregations and names it in its summary;
-    DispatchNoLeader alone is about the whole job (no shard led at all)."""
+    DispatchNoLeader is about the whole job (no shard led at all), and
+    DispatchJobsOnUnconfiguredCluster about clusters not configured (no label value)."""
     expr = rule["expr"]
     for by in re.findall(r"\bby \(([^)]*)\)", expr.split(" and on (namespace, job) ")[0]):
         assert "cluster" in by.split(", "), (rule["alert"], by)
@@ -208,7 +209,8 @@ def test_dashboard_panel(panel: dict[str, Any]) -> None:
 
 
 def test_process_level_metrics() -> None:
-    assert process_level_metric_names() == {"dispatch_shards_held", "dispatch_replicas_live"}
+    assert process_level_metric_names() == {"dispatch_shards_held", "dispatch_replicas_live",
+                                            "dispatch_jobs_unconfigured_cluster"}
 
 
 @pytest.mark.parametrize("panel", [p for p in dashboard_panels() if p["type"] == "timeseries"],

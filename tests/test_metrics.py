@@ -179,5 +179,6 @@ def test_no_per_job_labels() -> None:
             assert set(sample.labels) <= {"cluster", "phase", "state", "cause", "command",
                                           "result", "method", "le", "action", "holder",
                                           "epoch"}, sample
-            if family.name not in ("dispatch_shards_held", "dispatch_replicas_live"):
+            if family.name not in ("dispatch_shards_held", "dispatch_replicas_live",
+                                   "dispatch_jobs_unconfigured_cluster"):
                 assert "cluster" in sample.labels, sample

@@ -373,3 +373,30 @@ async def test_readyz_is_not_ready_before_the_first_lease_attempt(sqlite_store: 
     await other.tick_once()
     ok, why = await other.ready()
     assert ok and why.count("standby") == len(NAMES), why
+
+
+async def test_jobs_placed_on_a_cluster_the_configuration_dropped_are_counted(
+        any_store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """A job placed on a cluster that the configuration no longer names is planned by no
+    shard here: it must not wait silently. The replica counts such jobs (a process-level
+    gauge, ``DispatchJobsOnUnconfiguredCluster``) and logs the clusters, and the count
+    falls once the configuration names the cluster again."""
+    clock = [NOW]
+    old = Cluster("old", clock)
+    placed = add(any_store, "old")
+    await reconciler(any_store, old, ("cpu", "old")).tick()  # placed and submitted on old
+    assert status(any_store, placed) is not None
+    assert status(any_store, placed).cluster == "old"  # type: ignore[union-attr]
+    add(any_store, "cpu")  # unplaced, known: not counted
+    wall = [float(NOW)]
+    d = replica(any_store, parse_config({"clusters": [{"name": "cpu"}, {"name": "gpu"}]}),
+                wall)
+    with caplog.at_level("WARNING", logger="dispatch.daemon"):
+        await d.check_placements()
+    gauge = "dispatch_jobs_unconfigured_cluster"
+    assert d.metrics.registry.get_sample_value(gauge) == 1
+    assert any("old" in str(getattr(r, "clusters", "")) for r in caplog.records), caplog.text
+    back = replica(any_store, parse_config({"clusters": [{"name": "cpu"}, {"name": "old"}]}),
+                   wall)
+    await back.check_placements()
+    assert back.metrics.registry.get_sample_value(gauge) == 0

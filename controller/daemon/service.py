@@ -35,7 +35,7 @@ from controller.metrics import Metrics
 from controller.reconcile.placement import Clusters
 from controller.reconcile.ports import SlurmPort
 from controller.reconcile.tick import Clock, Reconciler
-from controller.store import notify
+from controller.store import notify, repo
 from controller.store.db import Store
 from controller.store.lease import Lease, read_leases
 from controller.store.members import Membership, fair_share
@@ -239,7 +239,33 @@ class Daemon:
             shard.wake()
 
     async def refresh_cluster_stats(self) -> None:
-        await asyncio.gather(*(shard.refresh_cluster_stats() for shard in self.shards))
+        await asyncio.gather(*(shard.refresh_cluster_stats() for shard in self.shards),
+                             self.check_placements())
+
+    async def check_placements(self) -> None:
+        """Count the non-terminal jobs placed on a cluster the configuration does not name
+        (dropped or renamed since they were placed): no shard here plans them, so they
+        would wait silently. A gauge (``dispatch_jobs_unconfigured_cluster``) and a
+        warning naming the clusters; the jobs are left as they are (their Slurm jobs are
+        on a cluster this daemon cannot reach), and are planned again once a
+        configuration names the cluster."""
+        names = [shard.name for shard in self.shards]
+
+        def count() -> dict[str, int]:
+            with self.store.transaction() as tx:
+                return repo.placed_elsewhere(tx, names)
+
+        try:
+            elsewhere = await asyncio.to_thread(count)
+        except DispatchError as exc:
+            log.warning("placement check failed", extra={"error": str(exc)})
+            return
+        self.metrics.set_unconfigured(sum(elsewhere.values()))
+        if elsewhere:
+            log.warning("jobs placed on clusters not configured here: no shard reconciles "
+                        "them until a configuration names the cluster again",
+                        extra={"clusters": dict(sorted(elsewhere.items())),
+                               "configured": names})
 
     async def ready(self) -> tuple[bool, str]:
         if not await asyncio.to_thread(self.store.ping):

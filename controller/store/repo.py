@@ -224,6 +224,17 @@ def phase_counts(tx: Session, cluster: str | None = None, *,
     return counts
 
 
+def placed_elsewhere(tx: Session, clusters: Sequence[str]) -> dict[str, int]:
+    """Non-terminal jobs placed on a cluster that is not one of ``clusters``, by cluster:
+    no shard of a replica configured with ``clusters`` plans them (the configuration
+    dropped the cluster, or renamed it). Counts ``job_status`` alone."""
+    rows = tx.execute(select(JobStatus.cluster, func.count())
+                      .where(JobStatus.phase.not_in(TERMINAL), JobStatus.cluster.is_not(None),
+                             JobStatus.cluster.not_in(list(clusters)))
+                      .group_by(JobStatus.cluster))
+    return {str(cluster): int(count) for cluster, count in rows}
+
+
 # ---------------------------------------------------------------- controller side
 
 
