@@ -132,7 +132,9 @@ class Shard:
                                     "actions": dict(report.actions),
                                     "errors": len(report.errors), "slurm_ok": report.slurm_ok,
                                     "epoch": self.lease.epoch,
-                                    "seconds": round(report.duration_s, 3)})
+                                    "seconds": round(report.duration_s, 3),
+                                    "phases": {k: round(v, 3)
+                                               for k, v in report.timings.items()}})
 
     async def _tick(self) -> TickReport | None:
         try:
