@@ -658,18 +658,27 @@ class Reconciler:
 
     async def _apply(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], report: TickReport,
                      now: int) -> None:
+        """Run the plans' actions, each job's in order, many jobs at once. A Submit that
+        releases its gate (desired run) is released only after every Start of this call
+        has returned and been recorded: releases joined while Start batches are still in
+        flight slow those Starts on slurmctld by a third (bench/burst README). Each
+        release is still of a recorded ref, once, behind the fence and the identity
+        check; one that fails leaves the job gated, and the next plan releases it."""
         gate = asyncio.Semaphore(self.settings.action_concurrency)
         lost: list[LeaseLost] = []
+        releases: list[tuple[JobState, Release]] = []
 
-        async def run_job(p: Plan) -> None:
+        async def run_job(job: JobState, actions: Sequence[object]) -> None:
             async with gate:
-                for action in p.actions:
+                for action in actions:
                     name = type(action).__name__.lower()
                     if lost:
                         return  # the lease is gone: act no more, the next leader will
                     try:
                         self.fence.guard()
-                        await self._apply_one(p.status, action, now)
+                        ref = await self._apply_one(job, action, now)
+                        if ref is not None:
+                            releases.append((job, Release(job.job_id, ref)))
                         report.actions[name] += 1
                     except LeaseLost as exc:
                         lost.append(exc)
@@ -677,15 +686,17 @@ class Reconciler:
                     except Exception as exc:
                         # one job's failure never stops the others
                         self.metrics.action_errors.labels(action=name).inc()
-                        report.errors.append(f"{p.status.job_id}: {name}: {exc}")
-                        log.warning("action failed", extra={"job": p.status.job_id,
+                        report.errors.append(f"{job.job_id}: {name}: {exc}")
+                        log.warning("action failed", extra={"job": job.job_id,
                                                             "action": name, "error": str(exc)})
-                        self._record_event(p.status.job_id, "ActionFailed",
+                        self._record_event(job.job_id, "ActionFailed",
                                            f"{name}: {type(exc).__name__}: {exc}")
                         if isinstance(exc, TransientError):
                             break
 
-        await asyncio.gather(*(run_job(p) for _, p in plans if p.actions))
+        await asyncio.gather(*(run_job(p.status, p.actions) for _, p in plans if p.actions))
+        if releases and not lost:
+            await asyncio.gather(*(run_job(job, [action]) for job, action in releases))
         if lost:
             raise lost[0]
 
@@ -723,10 +734,12 @@ class Reconciler:
         except DispatchError:
             log.warning("could not record event", extra={"job": job_id, "kind": kind})
 
-    async def _apply_one(self, job: JobState, action: object, now: int) -> None:
+    async def _apply_one(self, job: JobState, action: object, now: int) -> ObjectRef | None:
+        """Run one action; a Submit returns the recorded ref to release afterwards
+        (``_apply``), every other action None."""
         match action:
             case Submit():
-                await self._submit(job, action)
+                return await self._submit(job, action)
             case Release(ref=ref):
                 await self.adapter.release(ref)
             case Hold(ref=ref, instance=instance):
@@ -743,8 +756,11 @@ class Reconciler:
                     OutcomeKind.STARTED if started else OutcomeKind.NOT_STARTED, submission))
             case _:
                 raise TypeError(f"unknown action {action!r}")
+        return None
 
-    async def _submit(self, job: JobState, action: Submit) -> None:
+    async def _submit(self, job: JobState, action: Submit) -> ObjectRef | None:
+        """Start the job gated and record its ref; the ref to release (desired run)
+        once this call's Starts are done, or None (held, or a duplicate cancelled)."""
         request = StartRequest(job_id=JobID(action.job_id), generation=job.generation,
                                submission=action.submission, attempt=action.attempt,
                                spec=action.spec, gate=True, extra_exclude=action.exclude)
@@ -780,9 +796,8 @@ class Reconciler:
                                "longer current: cancelled, never released")
             await self.adapter.stop(ref)
             self.metrics.duplicates.inc()
-            return
-        if action.release:
-            await self.adapter.release(ref)
+            return None
+        return ref if action.release else None
 
     async def _record_many(self, keys: Sequence[_Recorded]) -> dict[_Recorded, bool]:
         """Record the refs of the Submits that returned together, in one fenced
