@@ -347,8 +347,33 @@ async def wait_obs(read: Callable[[], Awaitable[ObjectObs | None]],
         if last is not None and until(last):
             return last
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout}s; last: {last}")
+            forensics = "" if last is None else await asyncio.to_thread(
+                job_forensics, last.ref.id, last.ref.uid)
+            raise AssertionError(f"{what} not reached in {timeout}s; last: {last}{forensics}")
         await asyncio.sleep(interval)
+
+
+def job_forensics(slurm_id: int, uid: str = "") -> str:
+    """What the running test's cluster knows of job ``slurm_id``, for a failure message:
+    its sacct records (every one of a reused or requeued id), the daemons' log lines
+    that name it and Slurm's own messages to the job (``D/s<N>-<id>.slurm`` under
+    OUTPUT_DIR, when ``uid`` is its ``dj-`` name). Never raises: it only explains."""
+    parts = []
+    pattern = f"JobId={slurm_id}( |$)|job[ _]?{slurm_id}( |$|\\.)"
+    for title, argv in (
+            ("sacct -D", ["sacct", "-X", "-D", "-P", "-j", str(slurm_id), "-o",
+                          "JobID,JobName,User,State,ExitCode,Submit,Start,End,Reason,NodeList"]),
+            ("Slurm logs", ["sh", "-c", f"grep -h -E '{pattern}' "
+                            "/var/lib/dispatch-slurm/log/*.log | tail -n 40"]),
+            ("Slurm's messages to the job", ["sh", "-c", "tail -n 20 " + OUTPUT_DIR.replace(
+                "~", f"~{_env_of(_ACTIVE[0]).submit_user}", 1)
+                + f"/{uid.removeprefix('dj-') or 'none'}/s*-{slurm_id}.slurm"])):
+        try:
+            out = as_root(*argv, check=False)
+            parts.append(f"\n--- {title}:\n{out.stdout.strip()}{out.stderr.strip()}")
+        except Exception as exc:  # explaining a failure, not testing
+            parts.append(f"\n--- {title}: {exc}")
+    return "".join(parts)
 
 
 async def wait_gone_from_squeue(ref: ObjectRef, *, timeout: float = 90) -> None:
