@@ -24,12 +24,15 @@ from hypothesis import strategies as st
 from controller.model.ids import JobID
 from controller.model.obs import StartRequest
 from controller.model.spec import parse_job_document
+from controller.runner.base import CommandResult
 from controller.slurm.script import (
     SETUP_FAILED_EXIT,
     StartSettings,
     render_start_script,
     sort_execution_files,
+    start_dirs,
 )
+from controller.slurm.startbatch import batch_script, parse_batch_output
 
 JOB_ID = JobID("01JZ8Q2N5V0000000000000042")
 SLURM_JOB_ID = "4242"
@@ -266,3 +269,53 @@ def test_batch_refuses_a_missing_or_odd_job_id_and_restart_count(tmp_path: Path)
                              capture_output=True, check=False)
         assert ran.returncode == SETUP_FAILED_EXIT, env
         assert ran.stderr.startswith(b"dispatch: "), env
+
+
+_COUNTING = """#!/bin/sh
+echo "$0" >>"$DISPATCH_TEST_RECORD/processes"
+exec /bin/{name} "$@"
+"""
+
+
+def test_a_start_batch_makes_every_directory_with_one_mkdir_and_renames_nothing(
+        tmp_path: Path) -> None:
+    """A batch of three Start scripts (one with dispatch.Output, one whose Output
+    directory cannot be made): the batch's one ``mkdir -p`` makes the directories, no
+    script starts a ``mkdir`` or ``mv`` of its own but the one whose directory is still
+    missing, which fails alone with its own message; the others are submitted with their
+    manifests written."""
+    host = Host(tmp_path)
+    for name in ("mkdir", "mv"):
+        (host.bin / name).write_text(_COUNTING.format(name=name))
+        (host.bin / name).chmod(0o755)
+    (host.bin / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (host.bin / "squeue").chmod(0o755)
+    (tmp_path / "a-file").write_text("not a directory\n")
+    settings_ = StartSettings(output_dir=str(tmp_path / "out"))
+    outputs: list[dict[str, Any] | None] = [
+        None, {"stdout": str(tmp_path / "logs" / "x.out"), "stderr": str(tmp_path / "x.err")},
+        {"stdout": str(tmp_path / "a-file" / "x.out"), "stderr": str(tmp_path / "y.err")}]
+    requests = []
+    for index, output in enumerate(outputs):
+        doc: dict[str, Any] = {"command": ["true"], "workdir": str(host.workdir)}
+        if output is not None:
+            doc["extensions"] = {"dispatch": {"Output": output}}
+        requests.append(StartRequest(job_id=JobID(f"01JZ8Q2N5V00000000000000{index}A"),
+                                     generation=1, submission=1, attempt=0,
+                                     spec=parse_job_document(doc), gate=True))
+    text = batch_script([render_start_script(r, settings_) for r in requests],
+                        dirs=[d for r in requests for d in start_dirs(r, settings_)])
+    ran = host.start(text, {"PATH": f"{host.bin}:{os.environ['PATH']}"}, stdin_mode=True)
+    outcomes = parse_batch_output(CommandResult(("/bin/sh", "-s"), ran.returncode,
+                                                ran.stdout.decode(), ran.stderr.decode(), 0.1),
+                                  3, user="dispatch")
+    assert [o.result.returncode for o in outcomes] == [0, 0, 1]
+    assert "a-file" in outcomes[2].result.stderr and outcomes[0].result.stderr == ""
+    # the batch's mkdir, then the third script's own (its directory is still missing)
+    assert (host.record / "processes").read_text().splitlines() == [
+        str(host.bin / "mkdir"), str(host.bin / "mkdir")]
+    for request in requests[:2]:
+        manifest = tmp_path / "out" / request.job_id / "s1.manifest"
+        assert json.loads(manifest.read_text())["version"] == 1
+    assert (tmp_path / "logs").is_dir()
+    assert not list((tmp_path / "out").glob("*/*.tmp"))

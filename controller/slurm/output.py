@@ -14,7 +14,7 @@ import posixpath
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
-from controller.errors import ErrInvalid, ErrNotFound, ProtocolError
+from controller.errors import ErrInvalid, ErrNotFound, ProtocolError, TransientError
 from controller.model.obs import ObjectRef, State
 from controller.slurm import naming, output_scripts, script
 from controller.slurm.failures import slurm_failure
@@ -43,7 +43,10 @@ class Outputs(Reads):
         if job_id is None:
             raise ErrInvalid(f"not a discovery name: {ref.uid!r:.60}", field="ref.uid")
         manifest = script.manifest_path(self._settings, job_id, submission)
-        stdout_files, stderr_files = script.parse_manifest(await self._cat(manifest))
+        text = await self._cat(manifest)
+        if not text.endswith("\n"):  # a Start writing it this instant (script.py)
+            raise TransientError(f"output: the manifest {manifest} is being written")
+        stdout_files, stderr_files = script.parse_manifest(text)
         files = stdout_files if stream == "stdout" else stderr_files
         directory, prefix = files.locate(posixpath.dirname(manifest))
         offsets: dict[str, int] = {}

@@ -10,9 +10,15 @@ Runs under ``set -eu``, so every step stops the script when it fails:
 
 1. ``D=<output.dir>/<ULID>`` (``~`` becomes ``"$HOME"`` of the user running the
    script on the Slurm host), then ``mkdir -p`` of ``D`` and of the directories
-   of ``dispatch.Output`` paths;
-2. the manifest ``D/s<N>.manifest`` (see *Output files*), written with ``printf``
-   to a temporary name and renamed, so a reader never sees half of it;
+   of ``dispatch.Output`` paths unless they all exist (``[`` is a shell builtin,
+   ``mkdir`` a process: a Start batch makes every script's directories with one
+   ``mkdir -p`` first, ``startbatch.batch_script``, ``start_dirs``);
+2. the manifest ``D/s<N>.manifest`` (see *Output files*), written with one
+   ``printf``. It is complete before sbatch runs, so before any Slurm job of the
+   submission exists (a reader holds a ref); its bytes depend only on the request,
+   so a Start of the same submission again writes the same line. It used to be
+   written to a temporary name and renamed: one ``mv`` process per job, a quarter
+   of a Start batch's time per job beside sbatch (bench/burst);
 3. ``sbatch --parsable <options> /dev/stdin "$D" <pass arguments>`` with the
    batch script in a quoted here-document. sbatch opens the script file it is
    given and reads it to the end, so ``/dev/stdin`` is the here-document; the
@@ -493,6 +499,24 @@ def _delimiter(body: str) -> str:
 # ---------------------------------------------------------------- the Start script
 
 
+def _output_parents(spec: JobSpec) -> list[str]:
+    """Shell words of the directories of ``dispatch.Output`` paths (none without one)."""
+    parents: list[str] = []
+    if spec.output is not None:
+        for path in (spec.output.stdout, spec.output.stderr):
+            parent = shlex.quote(posixpath.dirname(path) or "/")
+            if parent not in parents:
+                parents.append(parent)
+    return parents
+
+
+def start_dirs(request: StartRequest, settings: StartSettings) -> tuple[str, ...]:
+    """Shell words of the directories a Start script makes (``D`` and the directories of
+    ``dispatch.Output`` paths), as a Start batch's one ``mkdir -p`` makes them first."""
+    layout = output_layout(settings, request.job_id, request.submission, request.spec)
+    return (shell_path(layout.directory), *_output_parents(request.spec))
+
+
 def render_start_script(request: StartRequest, settings: StartSettings) -> str:
     """The one POSIX sh script Start runs on the Slurm host (module docstring).
 
@@ -506,14 +530,8 @@ def render_start_script(request: StartRequest, settings: StartSettings) -> str:
     body = render_batch_script(request, settings)
     delimiter = _delimiter(body)
 
-    dirs = ['"$D"']
-    if spec.output is not None:
-        for path in (spec.output.stdout, spec.output.stderr):
-            parent = shlex.quote(posixpath.dirname(path) or "/")
-            if parent not in dirs:
-                dirs.append(parent)
+    dirs = ['"$D"', *_output_parents(spec)]
     manifest = f'"$D/s{n}.manifest"'
-    manifest_tmp = f'"$D/s{n}.manifest.tmp"'
     pass_args = [f'"${{{name}+=}}${{{name}-}}"' for name in settings.pass_names]
     sbatch_words = ["--parsable", *sbatch_options(request, settings), "/dev/stdin", '"$D"',
                     *pass_args]
@@ -523,9 +541,8 @@ def render_start_script(request: StartRequest, settings: StartSettings) -> str:
         f"submission {n} attempt {request.attempt}",
         "set -eu",
         f"D={shell_path(layout.directory)}",
-        f"mkdir -p -- {' '.join(dirs)}",
-        f"printf '%s\\n' {shlex.quote(layout.manifest_json())} >{manifest_tmp}",
-        f"mv -f -- {manifest_tmp} {manifest}",
+        " && ".join(f"[ -d {d} ]" for d in dirs) + f" || mkdir -p -- {' '.join(dirs)}",
+        f"printf '%s\\n' {shlex.quote(layout.manifest_json())} >{manifest}",
         "sbatch " + " \\\n  ".join(sbatch_words) + f" <<'{delimiter}'",
     ]
     script = "\n".join(lines) + "\n" + body + delimiter + "\n"

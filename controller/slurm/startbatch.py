@@ -53,6 +53,7 @@ class _Queued:
     text: str
     future: asyncio.Future[_Outcome]
     size: int  # bytes of ``text``
+    dirs: tuple[str, ...] = ()  # shell words of the directories it makes (script.start_dirs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +72,23 @@ class _Outcome:
 
 
 def batch_script(scripts: Sequence[str],
-                 squeue_format: str = dialects.SQUEUE_TEXT_FORMAT) -> str:
+                 squeue_format: str = dialects.SQUEUE_TEXT_FORMAT,
+                 dirs: Sequence[str] = ()) -> str:
     """One sh script that runs each Start script unchanged as a function in its own
     subshell, one after another, then reads every new job back with one squeue.
+
+    ``dirs`` (shell words, ``script.start_dirs`` of each script) are made first by one
+    ``mkdir -p``, so no script starts a ``mkdir`` of its own (it makes its directories
+    only when they are missing); when that ``mkdir`` fails, each script whose
+    directories are missing tries again and reports its own error.
 
     Protocol (stdout): per script ``@@dispatch-start <i> <exit status>`` and its stdout
     (sbatch's ``<id>[;cluster]``); then ``@@dispatch-readback`` and the squeue rows.
     stderr carries ``@@dispatch-start <i>`` before each script's own messages.
     """
     parts = ["# dispatch Start batch: each submission's own script, in its own subshell\n"]
+    if dirs:
+        parts.append(f"mkdir -p -- {' '.join(dict.fromkeys(dirs))} 2>/dev/null || :\n")
     for index, text in enumerate(scripts, start=1):
         parts.append(f"dispatch_start_{index}() {{\n{text}}}\n")
     parts.append("ids=\n")
@@ -199,7 +208,7 @@ class Starts(Reads):
         text = script.render_start_script(request, self._settings)
         name = naming.discovery_name(request.job_id)
         began = self._now()
-        outcome = await self._submit(text)
+        outcome = await self._submit(text, script.start_dirs(request, self._settings))
         if outcome.error is not None:
             return await self._rediscover(request, name, began=began, cause=outcome.error)
         result = outcome.result
@@ -235,10 +244,10 @@ class Starts(Reads):
 
     # ------------------------------------------------------------ Start batching
 
-    async def _submit(self, text: str) -> _Outcome:
+    async def _submit(self, text: str, dirs: tuple[str, ...] = ()) -> _Outcome:
         """Run one Start script in the next shared runner call; its own outcome."""
         future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
-        self._queued.append(_Queued(text, future, len(text.encode())))
+        self._queued.append(_Queued(text, future, len(text.encode()), dirs))
         self._schedule_kick()
         return await future
 
@@ -269,7 +278,8 @@ class Starts(Reads):
     async def _flush(self, batch: list[_Queued]) -> None:
         try:
             columns = self._squeue_columns()
-            text = batch_script([item.text for item in batch], squeue_format(columns))
+            text = batch_script([item.text for item in batch], squeue_format(columns),
+                                [d for item in batch for d in item.dirs])
             timeout = self._timeout + PER_JOB_RPC_S * (len(batch) - 1)
             self._guard_write()  # the batch may have waited: the last moment to refuse
             try:

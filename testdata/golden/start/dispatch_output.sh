@@ -2,9 +2,8 @@
 # dispatch Start: job 01JZ8Q2N5V0000000000000006 generation 1 submission 7 attempt 0
 set -eu
 D="$HOME"/.dispatch/output/01JZ8Q2N5V0000000000000006
-mkdir -p -- "$D" /srv/logs /srv/errors
-printf '%s\n' '{"version": 1, "stdout": {"prefix": "/srv/logs/build stdout.log.s7-", "suffix": ""}, "stderr": {"prefix": "/srv/errors/build.err.s7-", "suffix": ""}}' >"$D/s7.manifest.tmp"
-mv -f -- "$D/s7.manifest.tmp" "$D/s7.manifest"
+[ -d "$D" ] && [ -d /srv/logs ] && [ -d /srv/errors ] || mkdir -p -- "$D" /srv/logs /srv/errors
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "/srv/logs/build stdout.log.s7-", "suffix": ""}, "stderr": {"prefix": "/srv/errors/build.err.s7-", "suffix": ""}}' >"$D/s7.manifest"
 sbatch --parsable \
   --job-name=dj-01JZ8Q2N5V0000000000000006 \
   '--comment=dispatch:s=7;a=0' \

@@ -2,9 +2,8 @@
 # dispatch Start: job 01JZ8Q2N5V0000000000000001 generation 1 submission 12 attempt 3
 set -eu
 D="$HOME"/.dispatch/output/01JZ8Q2N5V0000000000000001
-mkdir -p -- "$D"
-printf '%s\n' '{"version": 1, "stdout": {"prefix": "s12-", "suffix": ".out"}, "stderr": {"prefix": "s12-", "suffix": ".err"}}' >"$D/s12.manifest.tmp"
-mv -f -- "$D/s12.manifest.tmp" "$D/s12.manifest"
+[ -d "$D" ] || mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s12-", "suffix": ".out"}, "stderr": {"prefix": "s12-", "suffix": ".err"}}' >"$D/s12.manifest"
 sbatch --parsable \
   --job-name=dj-01JZ8Q2N5V0000000000000001 \
   '--comment=dispatch:s=12;a=3' \

@@ -2,9 +2,8 @@
 # dispatch Start: job 01JZ8Q2N5V0000000000000004 generation 1 submission 3 attempt 2
 set -eu
 D="$HOME"/.dispatch/output/01JZ8Q2N5V0000000000000004
-mkdir -p -- "$D"
-printf '%s\n' '{"version": 1, "stdout": {"prefix": "s3-", "suffix": ".out"}, "stderr": {"prefix": "s3-", "suffix": ".err"}}' >"$D/s3.manifest.tmp"
-mv -f -- "$D/s3.manifest.tmp" "$D/s3.manifest"
+[ -d "$D" ] || mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s3-", "suffix": ".out"}, "stderr": {"prefix": "s3-", "suffix": ".err"}}' >"$D/s3.manifest"
 sbatch --parsable \
   --job-name=dj-01JZ8Q2N5V0000000000000004 \
   '--comment=dispatch:s=3;a=2' \

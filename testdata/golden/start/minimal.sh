@@ -2,9 +2,8 @@
 # dispatch Start: job 01JZ8Q2N5V0000000000000000 generation 1 submission 1 attempt 0
 set -eu
 D="$HOME"/.dispatch/output/01JZ8Q2N5V0000000000000000
-mkdir -p -- "$D"
-printf '%s\n' '{"version": 1, "stdout": {"prefix": "s1-", "suffix": ".out"}, "stderr": {"prefix": "s1-", "suffix": ".err"}}' >"$D/s1.manifest.tmp"
-mv -f -- "$D/s1.manifest.tmp" "$D/s1.manifest"
+[ -d "$D" ] || mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s1-", "suffix": ".out"}, "stderr": {"prefix": "s1-", "suffix": ".err"}}' >"$D/s1.manifest"
 sbatch --parsable \
   --job-name=dj-01JZ8Q2N5V0000000000000000 \
   '--comment=dispatch:s=1;a=0' \

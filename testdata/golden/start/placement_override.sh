@@ -2,9 +2,8 @@
 # dispatch Start: job 01JZ8Q2N5V0000000000000003 generation 1 submission 2 attempt 1
 set -eu
 D=/shared/dispatch/output/01JZ8Q2N5V0000000000000003
-mkdir -p -- "$D"
-printf '%s\n' '{"version": 1, "stdout": {"prefix": "s2-", "suffix": ".out"}, "stderr": {"prefix": "s2-", "suffix": ".err"}}' >"$D/s2.manifest.tmp"
-mv -f -- "$D/s2.manifest.tmp" "$D/s2.manifest"
+[ -d "$D" ] || mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s2-", "suffix": ".out"}, "stderr": {"prefix": "s2-", "suffix": ".err"}}' >"$D/s2.manifest"
 sbatch --parsable \
   --job-name=dj-01JZ8Q2N5V0000000000000003 \
   '--comment=dispatch:s=2;a=1' \

@@ -2,9 +2,8 @@
 # dispatch Start: job 01JZ8Q2N5V0000000000000011 generation 1 submission 999999 attempt 12
 set -eu
 D="$HOME"/.dispatch/output/01JZ8Q2N5V0000000000000011
-mkdir -p -- "$D"
-printf '%s\n' '{"version": 1, "stdout": {"prefix": "s999999-", "suffix": ".out"}, "stderr": {"prefix": "s999999-", "suffix": ".err"}}' >"$D/s999999.manifest.tmp"
-mv -f -- "$D/s999999.manifest.tmp" "$D/s999999.manifest"
+[ -d "$D" ] || mkdir -p -- "$D"
+printf '%s\n' '{"version": 1, "stdout": {"prefix": "s999999-", "suffix": ".out"}, "stderr": {"prefix": "s999999-", "suffix": ".err"}}' >"$D/s999999.manifest"
 sbatch --parsable \
   --job-name=dj-01JZ8Q2N5V0000000000000011 \
   '--comment=dispatch:s=999999;a=12' \

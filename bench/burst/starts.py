@@ -1,0 +1,185 @@
+"""bench/burst/starts.py: the pace of Start through ``SlurmAdapter`` alone (no database,
+no daemon) against a raw ``sbatch --hold`` loop measured in the same run, on the real
+cluster of ``scripts/slurm-up`` (the host's 22.05, transport local as ``dispatch``).
+
+Each round: N gated Starts issued together (``asyncio.gather``, as a tick issues a slice
+of Submits), so the adapter cuts them into Start batches of ``start_batch`` scripts with
+``start_parallel`` calls in flight; then the same N as one raw shell loop of
+``sbatch --hold --wrap true``. The jobs are cancelled after each part. Rounds alternate
+the two, so drift in slurmctld's pace (its table of ended jobs grows) hits both alike.
+``--against REV`` also times the adapter of ``git archive REV`` (in a subprocess of this
+script run on that tree) in the same rounds, and prints the ratio.
+
+    flock /tmp/dispatch-cluster.lock .venv/bin/python bench/burst/starts.py
+    flock /tmp/dispatch-cluster.lock .venv/bin/python bench/burst/starts.py --against HEAD~1
+
+Figures: jobs/s of each part per round, then medians and ratios (adapter / raw loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ulid import ULID
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = "dispatch"
+OUTPUT_DIR = "~/.dispatch/bench-starts"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env_file = Path("/var/lib/dispatch-slurm/env")
+    if env_file.exists():
+        for line in env_file.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() in ("SLURM_CONF", "PATH"):
+                env[key.strip()] = value.strip()
+    return env
+
+
+def as_user(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", USER, "--", *argv], capture_output=True,
+                          text=True, timeout=timeout, env=_env(), check=False)
+
+
+def cancel_all() -> None:
+    as_user("scancel", "-u", USER)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        out = as_user("squeue", "-h", "--me", "-t", "PD,R,CG,S", "-o", "%i").stdout
+        if not out.strip():
+            return
+        time.sleep(0.5)
+    raise SystemExit("jobs of dispatch did not leave the queue in 300 s")
+
+
+def wait_for_room(need: int, max_jobs: int = 10000) -> None:
+    """Until slurmctld can take ``need`` more jobs under MaxJobCount: ended jobs stay
+    MinJobAge (300 s) in its table, and sbatch at the limit sleeps and retries (a stall
+    that is not the pace of either part)."""
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        held = len(as_user("squeue", "-h", "-t", "all", "-u", USER, "-o", "%i")
+                   .stdout.split())
+        if held + need <= max_jobs * 0.9:
+            return
+        time.sleep(5)
+    raise SystemExit(f"slurmctld kept too many jobs to take {need} more")
+
+
+def raw_loop(n: int) -> float:
+    text = f"for i in $(seq {n}); do sbatch --hold --parsable --wrap true >/dev/null; done"
+    began = time.monotonic()
+    done = as_user("sh", "-c", text)
+    took = time.monotonic() - began
+    if done.returncode != 0:
+        raise SystemExit(f"raw loop failed: {done.stderr[-300:]}")
+    return n / took
+
+
+async def _adapter_starts(n: int, batch: int, parallel: int) -> float:
+    # imported here: with --against, the subprocess imports the other tree's controller
+    from controller.model.obs import StartRequest
+    from controller.model.spec import parse_job_document
+    from controller.runner.local import LocalRunner
+    from controller.slurm.adapter import SlurmAdapter
+    from controller.slurm.script import StartSettings
+
+    runner = LocalRunner(run_as=USER, default_timeout=120)
+    settings = StartSettings(output_dir=OUTPUT_DIR)
+    probe = SlurmAdapter(runner, cluster="lab", settings=settings, user=USER,
+                         command_timeout=120)
+    caps = await probe.preflight()
+    adapter = SlurmAdapter(runner, cluster="lab", settings=settings, user=USER,
+                           command_timeout=120, capabilities=caps, start_batch=batch,
+                           start_parallel=parallel)
+    spec = parse_job_document({"command": ["true"], "workdir": "/tmp"})
+    requests = [StartRequest(job_id=str(ULID()), generation=1, submission=1, attempt=0,
+                             spec=spec, gate=True) for _ in range(n)]
+    try:
+        began = time.monotonic()
+        refs = await asyncio.gather(*(adapter.start(r) for r in requests))
+        took = time.monotonic() - began
+    finally:
+        await runner.close()
+    if len({ref.id for ref in refs}) != n:
+        raise SystemExit("the adapter returned fewer distinct refs than Starts")
+    return n / took
+
+
+def adapter_rate(n: int, batch: int, parallel: int, tree: Path | None) -> float:
+    if tree is None:
+        return asyncio.run(_adapter_starts(n, batch, parallel))
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--one", str(n), "--batch",
+         str(batch), "--parallel", str(parallel)],
+        env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True,
+        text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the adapter of {tree} failed: {done.stderr[-800:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=256, help="Starts per round (256)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
+    parser.add_argument("--batch", type=int, default=32, help="start_batch (32)")
+    parser.add_argument("--parallel", type=int, default=2, help="start_parallel (2)")
+    parser.add_argument("--against", metavar="REV", help="also time git archive REV")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the subprocess part
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps({"rate": asyncio.run(_adapter_starts(args.one, args.batch,
+                                                              args.parallel))}))
+        return 0
+    if as_user("squeue", "-h", "--me", "-t", "PD,R,CG,S", "-o", "%i").stdout.strip():
+        raise SystemExit("user dispatch has live jobs: someone is using the cluster")
+    with tempfile.TemporaryDirectory(prefix="bench-starts-") as tmp:
+        other: Path | None = None
+        if args.against:
+            other = Path(tmp) / "tree"
+            other.mkdir()
+            archive = subprocess.run(["git", "archive", args.against], cwd=ROOT,
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(other)], input=archive, check=True)
+        rows: dict[str, list[float]] = {"raw": [], "adapter": []}
+        if other is not None:
+            rows[f"adapter@{args.against}"] = []
+        for index in range(args.rounds):
+            figures = {}
+            for part, values in rows.items():
+                cancel_all()
+                wait_for_room(args.jobs)
+                if part == "raw":
+                    rate = raw_loop(args.jobs)
+                else:
+                    tree = other if part != "adapter" else None
+                    rate = adapter_rate(args.jobs, args.batch, args.parallel, tree)
+                values.append(rate)
+                figures[part] = f"{rate:.1f}"
+            print(f"round {index + 1}: " + ", ".join(f"{k} {v} jobs/s"
+                                                   for k, v in figures.items()), flush=True)
+        cancel_all()
+    raw = statistics.median(rows["raw"])
+    print(f"\n{args.jobs} gated Starts per round, start_batch {args.batch}, "
+          f"start_parallel {args.parallel}, {args.rounds} rounds (medians)")
+    for part, values in rows.items():
+        med = statistics.median(values)
+        print(f"  {part:<24} {med:7.1f} jobs/s = {med / raw:.2f}x the raw sbatch --hold loop"
+              f" (rounds: {', '.join(f'{v:.1f}' for v in values)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
