@@ -16,9 +16,11 @@ Runs under ``set -eu``, so every step stops the script when it fails:
 2. the manifest ``D/s<N>.manifest`` (see *Output files*), written with one
    ``printf``. It is complete before sbatch runs, so before any Slurm job of the
    submission exists (a reader holds a ref); its bytes depend only on the request,
-   so a Start of the same submission again writes the same line. It used to be
-   written to a temporary name and renamed: one ``mv`` process per job, a quarter
-   of a Start batch's time per job beside sbatch (bench/burst);
+   so a Start of the same submission again writes the same line; a reader that
+   meets it without its newline (written this instant) gets a TransientError
+   (``output.Outputs``). It used to go to a temporary name and be renamed: with the
+   per-script ``mkdir``, two processes per job beside sbatch, and Start batches ran at
+   0.78x a raw ``sbatch --hold`` loop, 1.08x without them (``bench/burst/starts.py``);
 3. ``sbatch --parsable <options> /dev/stdin "$D" <pass arguments>`` with the
    batch script in a quoted here-document. sbatch opens the script file it is
    given and reads it to the end, so ``/dev/stdin`` is the here-document; the
