@@ -37,10 +37,11 @@ class ReconcileConfig:
         2000, minimum=1, maximum=10_000_000,
         doc="jobs loaded, planned and committed in one transaction")
     action_concurrency: int = setting(
-        64, minimum=1, maximum=10_000,
+        128, minimum=1, maximum=10_000,
         doc="Slurm actions of one tick run this many at a time (concurrent Starts, "
             "identity reads, releases and cancels are joined into shared commands: "
-            "enough of them in flight fill a Start batch)")
+            "enough of them in flight fill a Start batch; 128 puts a whole slice of "
+            "Submits in flight, two Start batches of 64)")
     submit_slice: int = setting(
         128, minimum=1, maximum=1_000_000,
         doc="Submits one tick starts at most; the rest of a burst waits for the next "
