@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import statistics
@@ -36,58 +37,19 @@ USER = "dispatch"
 OUTPUT_DIR = "~/.dispatch/bench-starts"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env_file = Path("/var/lib/dispatch-slurm/env")
-    if env_file.exists():
-        for line in env_file.read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep and key.strip() in ("SLURM_CONF", "PATH"):
-                env[key.strip()] = value.strip()
-    return env
-
-
-def as_user(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["runuser", "-u", USER, "--", *argv], capture_output=True,
-                          text=True, timeout=timeout, env=_env(), check=False)
-
-
-def cancel_all() -> None:
-    as_user("scancel", "-u", USER)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        out = as_user("squeue", "-h", "--me", "-t", "PD,R,CG,S", "-o", "%i").stdout
-        if not out.strip():
-            return
-        time.sleep(0.5)
-    raise SystemExit("jobs of dispatch did not leave the queue in 300 s")
-
-
-def wait_for_room(need: int, max_jobs: int = 10000) -> None:
-    """Until slurmctld can take ``need`` more jobs under MaxJobCount: ended jobs stay
-    MinJobAge (300 s) in its table, and sbatch at the limit sleeps and retries (a stall
-    that is not the pace of either part)."""
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        held = len(as_user("squeue", "-h", "-t", "all", "-u", USER, "-o", "%i")
-                   .stdout.split())
-        if held + need <= max_jobs * 0.9:
-            return
-        time.sleep(5)
-    raise SystemExit(f"slurmctld kept too many jobs to take {need} more")
-
-
 def raw_loop(n: int) -> float:
+    from run import as_user  # bench/burst/run.py's helpers (see main)
+
     text = f"for i in $(seq {n}); do sbatch --hold --parsable --wrap true >/dev/null; done"
     began = time.monotonic()
-    done = as_user("sh", "-c", text)
+    done = as_user(USER, "sh", "-c", text, check=False, timeout=600)
     took = time.monotonic() - began
     if done.returncode != 0:
         raise SystemExit(f"raw loop failed: {done.stderr[-300:]}")
     return n / took
 
 
-async def _adapter_starts(n: int, batch: int, parallel: int) -> float:
+async def _adapter_starts(n: int, batch: int | None, parallel: int | None) -> float:
     # imported here: with --against, the subprocess imports the other tree's controller
     from controller.model.obs import StartRequest
     from controller.model.spec import parse_job_document
@@ -100,9 +62,10 @@ async def _adapter_starts(n: int, batch: int, parallel: int) -> float:
     probe = SlurmAdapter(runner, cluster="lab", settings=settings, user=USER,
                          command_timeout=120)
     caps = await probe.preflight()
+    sizes = {k: v for k, v in (("start_batch", batch), ("start_parallel", parallel))
+             if v is not None}  # else the adapter's own defaults
     adapter = SlurmAdapter(runner, cluster="lab", settings=settings, user=USER,
-                           command_timeout=120, capabilities=caps, start_batch=batch,
-                           start_parallel=parallel)
+                           command_timeout=120, capabilities=caps, **sizes)
     spec = parse_job_document({"command": ["true"], "workdir": "/tmp"})
     requests = [StartRequest(job_id=str(ULID()), generation=1, submission=1, attempt=0,
                              spec=spec, gate=True) for _ in range(n)]
@@ -117,12 +80,13 @@ async def _adapter_starts(n: int, batch: int, parallel: int) -> float:
     return n / took
 
 
-def adapter_rate(n: int, batch: int, parallel: int, tree: Path | None) -> float:
+def adapter_rate(n: int, batch: int | None, parallel: int | None, tree: Path | None) -> float:
     if tree is None:
         return asyncio.run(_adapter_starts(n, batch, parallel))
+    sizes = [*(["--batch", str(batch)] if batch is not None else []),
+             *(["--parallel", str(parallel)] if parallel is not None else [])]
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--one", str(n), "--batch",
-         str(batch), "--parallel", str(parallel)],
+        [sys.executable, str(Path(__file__).resolve()), "--one", str(n), *sizes],
         env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True,
         text=True, timeout=900, check=False)
     if done.returncode != 0:
@@ -134,8 +98,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=256, help="Starts per round (256)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
-    parser.add_argument("--batch", type=int, default=32, help="start_batch (32)")
-    parser.add_argument("--parallel", type=int, default=2, help="start_parallel (2)")
+    parser.add_argument("--batch", type=int, help="start_batch (the adapter's default)")
+    parser.add_argument("--parallel", type=int,
+                        help="start_parallel (the adapter's default)")
     parser.add_argument("--against", metavar="REV", help="also time git archive REV")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the subprocess part
     args = parser.parse_args()
@@ -143,8 +108,15 @@ def main() -> int:
         print(json.dumps({"rate": asyncio.run(_adapter_starts(args.one, args.batch,
                                                               args.parallel))}))
         return 0
-    if as_user("squeue", "-h", "--me", "-t", "PD,R,CG,S", "-o", "%i").stdout.strip():
+    # Imported here, not above: run.py puts this tree first on sys.path, and the --one
+    # subprocess of --against must import the other tree's controller.
+    from run import cancel_all, live_jobs, show_config, wait_for_room
+
+    if live_jobs(USER):
         raise SystemExit("user dispatch has live jobs: someone is using the cluster")
+    slurm_config = show_config()
+    max_jobs = int(slurm_config.get("MaxJobCount", "10000").split()[0])
+    min_job_age = int(slurm_config.get("MinJobAge", "300 sec").split()[0])
     with tempfile.TemporaryDirectory(prefix="bench-starts-") as tmp:
         other: Path | None = None
         if args.against:
@@ -159,8 +131,8 @@ def main() -> int:
         for index in range(args.rounds):
             figures = {}
             for part, values in rows.items():
-                cancel_all()
-                wait_for_room(args.jobs)
+                cancel_all(USER)
+                wait_for_room(args.jobs, max_jobs, min_job_age)
                 if part == "raw":
                     rate = raw_loop(args.jobs)
                 else:
@@ -170,10 +142,15 @@ def main() -> int:
                 figures[part] = f"{rate:.1f}"
             print(f"round {index + 1}: " + ", ".join(f"{k} {v} jobs/s"
                                                    for k, v in figures.items()), flush=True)
-        cancel_all()
+        cancel_all(USER)
+    from controller.slurm.adapter import SlurmAdapter
+
+    defaults = inspect.signature(SlurmAdapter).parameters
+    batch = args.batch or defaults["start_batch"].default
+    parallel = args.parallel or defaults["start_parallel"].default
     raw = statistics.median(rows["raw"])
-    print(f"\n{args.jobs} gated Starts per round, start_batch {args.batch}, "
-          f"start_parallel {args.parallel}, {args.rounds} rounds (medians)")
+    print(f"\n{args.jobs} gated Starts per round, start_batch {batch}, "
+          f"start_parallel {parallel}, {args.rounds} rounds (medians)")
     for part, values in rows.items():
         med = statistics.median(values)
         print(f"  {part:<24} {med:7.1f} jobs/s = {med / raw:.2f}x the raw sbatch --hold loop"

@@ -53,7 +53,7 @@ class _Queued:
     text: str
     future: asyncio.Future[_Outcome]
     size: int  # bytes of ``text``
-    dirs: tuple[str, ...] = ()  # shell words of the directories it makes (script.start_dirs)
+    dirs: tuple[str, ...]  # shell words of the directories it makes (script.start_dirs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +244,7 @@ class Starts(Reads):
 
     # ------------------------------------------------------------ Start batching
 
-    async def _submit(self, text: str, dirs: tuple[str, ...] = ()) -> _Outcome:
+    async def _submit(self, text: str, dirs: tuple[str, ...]) -> _Outcome:
         """Run one Start script in the next shared runner call; its own outcome."""
         future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
         self._queued.append(_Queued(text, future, len(text.encode()), dirs))
