@@ -56,7 +56,7 @@ def test_defaults_without_a_file() -> None:
             d.lease_ttl_s, d.lease_margin_s) == (5, 9464, "127.0.0.1", 60, 30, 5)
     r = config.reconcile
     assert (r.adopt_window_s, r.unknown_grace_s, r.sacct_window_s, r.replan_s, r.plan_chunk,
-            r.action_concurrency, r.submit_slice) == (180, 300, 7 * 24 * 3600, 600, 2000, 128, 128)
+            r.action_concurrency, r.submit_slice) == (180, 300, 7 * 24 * 3600, 600, 2000, 128, 256)
     assert config.slurm.rate_per_s == 20
     assert config.start_settings() == StartSettings()
     assert config.cluster_names == ("lab",)

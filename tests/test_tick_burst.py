@@ -207,3 +207,60 @@ async def test_a_slice_is_released_after_all_its_starts(sqlite_store: Store) -> 
     fake.order.clear()
     await r.tick()
     assert fake.order == ["started", "started"]
+
+
+class Slow(FakeSlurm):
+    """Starts that each take a while (a Start batch's shell on a real cluster), and a
+    note of how many plan commits had happened when each Start began and returned."""
+
+    def __init__(self, clock: list[int], commits: list[int]) -> None:
+        super().__init__(clock)
+        self.commits = commits
+        self.began: list[int] = []
+        self.returned: list[int] = []
+        self.in_flight = 0
+        self.most = 0
+
+    async def start(self, request: StartRequest) -> ObjectRef:
+        self.began.append(len(self.commits))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.05)
+        self.in_flight -= 1
+        ref = await super().start(request)
+        self.returned.append(len(self.commits))
+        return ref
+
+
+async def test_a_slice_is_started_a_wave_at_a_time_while_the_next_is_planned(
+        sqlite_store: Store) -> None:
+    """A slice larger than ``action_concurrency`` goes in waves: each wave's intents are
+    committed and its Starts begin before the next wave is planned and committed, so the
+    Start batches never wait for the rest of the slice to be planned (before: one commit
+    for the whole slice, then every Start; bench/burst README). At most two waves are in
+    flight; every job is still submitted once, its intent committed first, and the
+    slice released after all its Starts."""
+    clock = [NOW]
+    commits: list[int] = []
+    fake = Slow(clock, commits)
+    burst = add(sqlite_store, 12)
+    r = rec(sqlite_store, fake, clock, submit_slice=12, action_concurrency=3)
+    commit = r._commit_plans
+
+    def counting(plans: object, now: int) -> set[str]:
+        out = commit(plans, now)  # type: ignore[arg-type]
+        commits.append(len(plans))  # type: ignore[arg-type]
+        return out
+
+    r._commit_plans = counting  # type: ignore[method-assign]
+    report = await r.tick()
+    assert report.actions["submit"] == 12 and report.actions["release"] == 12
+    assert commits == [3, 3, 3, 3]  # four waves of three intents
+    # every Start after its own wave's commit; the first wave's Starts began before the
+    # later waves were committed (they overlap), and no more than two waves ran at once
+    assert fake.began[:3] == [1, 1, 1], fake.began
+    assert min(fake.returned[:3]) < 4, fake.returned
+    assert sorted(fake.began) == fake.began and fake.began[-1] == 4
+    assert fake.most <= 6, fake.most
+    assert submitted(fake) == burst
+    assert {fake.jobs[sid].obs.state for sid in fake.jobs} == {State.PENDING}

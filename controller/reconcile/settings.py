@@ -38,15 +38,15 @@ class ReconcileConfig:
         doc="jobs loaded, planned and committed in one transaction")
     action_concurrency: int = setting(
         128, minimum=1, maximum=10_000,
-        doc="Slurm actions of one tick run this many at a time (concurrent Starts, "
-            "identity reads, releases and cancels are joined into shared commands: "
-            "enough of them in flight fill a Start batch; 128 puts a whole slice of "
-            "Submits in flight, two Start batches of 64)")
+        doc="Slurm actions of one wave run this many at a time, and a wave holds this "
+            "many Submits (concurrent Starts, identity reads, releases and cancels are "
+            "joined into shared commands: 128 fills two Start batches of 64); a tick "
+            "keeps at most two waves in flight, planning the next while one runs")
     submit_slice: int = setting(
-        128, minimum=1, maximum=1_000_000,
-        doc="Submits one tick starts at most; the rest of a burst waits for the next "
-            "tick, which follows at once, so reads, cancels and new rows are acted on "
-            "between slices (new rows first)")
+        256, minimum=1, maximum=1_000_000,
+        doc="Submits one tick starts at most (in waves of action_concurrency); the rest "
+            "of a burst waits for the next tick, which follows at once, so reads, "
+            "cancels and new rows are acted on between slices (new rows first)")
 
 
 DEFAULTS = ReconcileConfig()

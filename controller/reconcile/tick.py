@@ -7,9 +7,12 @@ Order inside a tick (crash-safe at every line):
    a failed live read ends the tick without touching any job (bad rows are still
    rejected);
 3. ``plan`` each job that needs it (pure), its row read in full;
-4. commit statuses, events and submission *intents* in one transaction (per chunk);
-5. apply that chunk's Slurm actions (each behind the adapter's identity check); a Submit
-   runs gated, its ref is committed, and only then is the gate released;
+4. commit statuses, events and submission *intents* in one transaction (per wave: a
+   chunk's plans up to ``action_concurrency`` Submits);
+5. apply that wave's Slurm actions (each behind the adapter's identity check) while the
+   chunk's next wave is planned and committed (two waves in flight at most); a Submit
+   runs gated, its ref is committed, and only then is the gate released (the chunk's
+   gates together, once all its Starts have returned);
 6. record what the actions returned.
 A crash between 4 and 6 leaves intents and gated objects that the next tick adopts.
 
@@ -295,56 +298,64 @@ class Reconciler:
                 break
             t0 = time.perf_counter()
             part = self._with_rows(todo[start:start + chunk], report)
+            acts = _Acts(self.settings.action_concurrency)
             plans: list[tuple[repo.LoadedJob, Plan]] = []
             outcomes: list[tuple[_Todo, Plan | None]] = []
-            for item in part:
-                job = item.row
-                assert job is not None
-                try:
-                    cur = job.state.current
-                    acct_obs = acct.get(cur.ref) if cur and cur.ref else None
-                    item.outcomes = tuple(self._outcome_book().get(job.state.job_id, ()))
-                    observed = Observed(live=tuple(item.seen), accounting=acct_obs,
-                                        accounting_ok=acct_ok, outcomes=item.outcomes)
-                    p = plan(job.state, observed, ctx)
-                except Exception as exc:  # one job's bug never stops the others
-                    log.exception("planning failed", extra={"job": job.state.job_id})
-                    report.errors.append(f"{job.state.job_id}: plan: {exc}")
-                    outcomes.append((item, None))
-                    continue
-                if any(isinstance(action, Submit) for action in p.actions):
-                    if slots == 0:
-                        # past this tick's submit slice: the plan is dropped unwritten
-                        # (plan is pure: the next tick, at once, makes it again, from
-                        # the row as validated now unless the row moves)
-                        report.deferred += 1
-                        self._carry(job)
-                        item.row = None
-                        if not job.has_status and not item.seen and not item.outcomes:
-                            item.memo.deferred_epoch = epoch  # see _past_slice
+            submits = 0
+            try:
+                for item in part:
+                    job = item.row
+                    assert job is not None
+                    try:
+                        cur = job.state.current
+                        acct_obs = acct.get(cur.ref) if cur and cur.ref else None
+                        item.outcomes = tuple(self._outcome_book().get(job.state.job_id, ()))
+                        observed = Observed(live=tuple(item.seen), accounting=acct_obs,
+                                            accounting_ok=acct_ok, outcomes=item.outcomes)
+                        p = plan(job.state, observed, ctx)
+                    except Exception as exc:  # one job's bug never stops the others
+                        log.exception("planning failed", extra={"job": job.state.job_id})
+                        report.errors.append(f"{job.state.job_id}: plan: {exc}")
+                        outcomes.append((item, None))
                         continue
-                    slots -= 1
-                plans.append((job, p))
-                outcomes.append((item, p))
-            report.planned += len(plans)
-            report.timings["plan"] += time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            written = self._commit_plans(plans, now) if plans else set()
-            if self.here is not None:
-                self._moves(plans, report)
-            self._remember(outcomes, written, ctx, epoch)
-            report.timings["store"] += time.perf_counter() - t0
-
-            # this chunk's intents are committed: its actions run now, not after every
-            # chunk (a new leader's first write need not wait for 100k plans)
-            acting = [(job, p) for job, p in plans if p.actions]
-            if acting:
-                t0 = time.perf_counter()
-                await self._apply(acting, report, now)
-                report.timings["apply"] += time.perf_counter() - t0
+                    if any(isinstance(action, Submit) for action in p.actions):
+                        if slots == 0:
+                            # past this tick's submit slice: the plan is dropped unwritten
+                            # (plan is pure: the next tick, at once, makes it again, from
+                            # the row as validated now unless the row moves)
+                            report.deferred += 1
+                            self._carry(job)
+                            item.row = None
+                            if not job.has_status and not item.seen and not item.outcomes:
+                                item.memo.deferred_epoch = epoch  # see _past_slice
+                            continue
+                        slots -= 1
+                        submits += 1
+                    plans.append((job, p))
+                    outcomes.append((item, p))
+                    if submits >= acts.wave:
+                        # a wave of Submits: committed and started now, while the rest
+                        # of the chunk is planned (the Start batches never run dry)
+                        report.timings["plan"] += time.perf_counter() - t0
+                        self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch,
+                                     report=report)
+                        plans, outcomes, submits = [], [], 0
+                        await acts.room()
+                        await asyncio.sleep(0)  # the wave's Starts are queued now
+                        t0 = time.perf_counter()
+                    elif acts.busy and len(outcomes) % _YIELD_EVERY == 0:
+                        # a wave is in flight: let its Start batches be spawned and
+                        # their outcomes handled while this one is planned
+                        await asyncio.sleep(0)
+                report.timings["plan"] += time.perf_counter() - t0
+                self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
+            finally:
+                # this chunk's actions end before the next chunk (or the tick's end),
+                # also when a commit failed: nothing of this chunk acts after that
+                await acts.drain(report)
             # this chunk's rows and plans go now, not when the next chunk's replace them
-            del part, plans, outcomes, acting
+            del part, plans, outcomes
+            await self._release(acts, report, now)
             # let the loop run between chunks (other shards' ticks, lease renewals): a
             # long first tick is many short pieces, never one block
             await asyncio.sleep(0)
@@ -656,49 +667,75 @@ class Reconciler:
 
     # ------------------------------------------------------------ actions
 
-    async def _apply(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], report: TickReport,
-                     now: int) -> None:
-        """Run the plans' actions, each job's in order, many jobs at once. A Submit that
-        releases its gate (desired run) is released only after every Start of this call
-        has returned and been recorded: releases joined while Start batches are still in
-        flight slow those Starts on slurmctld by a third (bench/burst README). Each
-        release is still of a recorded ref, once, behind the fence and the identity
-        check; one that fails leaves the job gated, and the next plan releases it."""
-        gate = asyncio.Semaphore(self.settings.action_concurrency)
-        lost: list[LeaseLost] = []
-        releases: list[tuple[JobState, Release]] = []
+    def _launch(self, plans: list[tuple[repo.LoadedJob, Plan]],
+                outcomes: list[tuple[_Todo, Plan | None]], acts: _Acts, *,
+                ctx: PlanContext, epoch: int, report: TickReport) -> None:
+        """Commit these plans (their intents before any of their Submits runs), then start
+        their actions, each job's in order, many jobs at once, without waiting for them:
+        the chunk's next wave is planned meanwhile (``_Acts.drain`` waits for all). A
+        Submit that releases its gate (desired run) is released only after every Start of
+        the chunk has returned and been recorded (``_release``): releases joined while
+        Start batches are still in flight slow those Starts on slurmctld by a third
+        (bench/burst README). Each release is still of a recorded ref, once, behind the
+        fence and the identity check; one that fails leaves the job gated, and the next
+        plan releases it."""
+        if not outcomes:
+            return
+        report.planned += len(plans)
+        t0 = time.perf_counter()
+        written = self._commit_plans(plans, ctx.now) if plans else set()
+        if self.here is not None:
+            self._moves(plans, report)
+        self._remember(outcomes, written, ctx, epoch)
+        report.timings["store"] += time.perf_counter() - t0
+        if acts.lost:
+            return  # the lease is gone: act no more, the next leader will
+        gate = acts.gate()
+        acts.started(asyncio.gather(*(self._act(p.status, p.actions, gate=gate, acts=acts,
+                                                report=report, now=ctx.now)
+                                      for _, p in plans if p.actions)))
 
-        async def run_job(job: JobState, actions: Sequence[object]) -> None:
-            async with gate:
-                for action in actions:
-                    name = type(action).__name__.lower()
-                    if lost:
-                        return  # the lease is gone: act no more, the next leader will
-                    try:
-                        self.fence.guard()
-                        ref = await self._apply_one(job, action, now)
-                        if ref is not None:
-                            releases.append((job, Release(job.job_id, ref)))
-                        report.actions[name] += 1
-                    except LeaseLost as exc:
-                        lost.append(exc)
-                        return
-                    except Exception as exc:
-                        # one job's failure never stops the others
-                        self.metrics.action_errors.labels(action=name).inc()
-                        report.errors.append(f"{job.job_id}: {name}: {exc}")
-                        log.warning("action failed", extra={"job": job.job_id,
-                                                            "action": name, "error": str(exc)})
-                        self._record_event(job.job_id, "ActionFailed",
-                                           f"{name}: {type(exc).__name__}: {exc}")
-                        if isinstance(exc, TransientError):
-                            break
+    async def _release(self, acts: _Acts, report: TickReport, now: int) -> None:
+        """Release the gates of the chunk's recorded Submits, together, once all of its
+        Starts have returned (``_launch``); raise the lease lost by any action."""
+        if acts.releases and not acts.lost:
+            t0 = time.perf_counter()
+            gate = acts.gate()
+            await asyncio.gather(*(self._act(job, [action], gate=gate, acts=acts,
+                                             report=report, now=now)
+                                   for job, action in acts.releases))
+            report.timings["apply"] += time.perf_counter() - t0
+        if acts.lost:
+            raise acts.lost[0]
 
-        await asyncio.gather(*(run_job(p.status, p.actions) for _, p in plans if p.actions))
-        if releases and not lost:
-            await asyncio.gather(*(run_job(job, [action]) for job, action in releases))
-        if lost:
-            raise lost[0]
+    async def _act(self, job: JobState, actions: Sequence[object], *,
+                   gate: asyncio.Semaphore, acts: _Acts, report: TickReport, now: int) -> None:
+        """One job's actions, in order, under its wave's concurrency bound; a Submit's
+        recorded ref to release goes to ``acts.releases``."""
+        async with gate:
+            for action in actions:
+                name = type(action).__name__.lower()
+                if acts.lost:
+                    return  # the lease is gone: act no more, the next leader will
+                try:
+                    self.fence.guard()
+                    ref = await self._apply_one(job, action, now)
+                    if ref is not None:
+                        acts.releases.append((job, Release(job.job_id, ref)))
+                    report.actions[name] += 1
+                except LeaseLost as exc:
+                    acts.lost.append(exc)
+                    return
+                except Exception as exc:
+                    # one job's failure never stops the others
+                    self.metrics.action_errors.labels(action=name).inc()
+                    report.errors.append(f"{job.job_id}: {name}: {exc}")
+                    log.warning("action failed", extra={"job": job.job_id,
+                                                        "action": name, "error": str(exc)})
+                    self._record_event(job.job_id, "ActionFailed",
+                                       f"{name}: {type(exc).__name__}: {exc}")
+                    if isinstance(exc, TransientError):
+                        break
 
     async def _sweep(self, cancels: Sequence[Cancel], report: TickReport) -> None:
         """Cancel our live ``dj-`` objects that no tracked record owns (the late object of
@@ -880,6 +917,54 @@ class Reconciler:
                 tx, self.here, unplaced=clusters is None or clusters.default == self.here))
 
 
+# ---------------------------------------------------------------- one tick's actions
+
+
+class _Acts:
+    """The actions of one tick in flight: waves of plans committed and started one after
+    another (``Reconciler._launch``), each wave at most ``action_concurrency`` jobs acting
+    at once and at most ``DEPTH`` waves in flight; the releases that wait for every Start
+    of the tick; the lease lost by any of them."""
+
+    DEPTH = 2  # waves in flight: one's Starts run while the next is planned and queued
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = max(1, concurrency)
+        self.wave = self.concurrency  # Submits per wave: a whole wave in flight at once
+        self.lost: list[LeaseLost] = []
+        self.releases: list[tuple[JobState, Release]] = []
+        self._waves: list[tuple[asyncio.Future[list[None]], float]] = []
+
+    @property
+    def busy(self) -> bool:
+        """A wave is in flight."""
+        return any(not wave.done() for wave, _ in self._waves)
+
+    def gate(self) -> asyncio.Semaphore:
+        """The bound of one new wave."""
+        return asyncio.Semaphore(self.concurrency)
+
+    def started(self, wave: asyncio.Future[list[None]]) -> None:
+        self._waves.append((wave, time.perf_counter()))
+
+    async def room(self) -> None:
+        """Wait until fewer than ``DEPTH`` waves are in flight (memory stays bounded on
+        a new leader's first tick, however many chunks act)."""
+        while sum(1 for wave, _ in self._waves if not wave.done()) >= self.DEPTH:
+            oldest = next(wave for wave, _ in self._waves if not wave.done())
+            await asyncio.wait([oldest])
+
+    async def drain(self, report: TickReport) -> None:
+        """Wait for every wave; the time from the first wave's start to the last one's
+        end is the tick's ``apply``."""
+        if not self._waves:
+            return
+        first = self._waves[0][1]
+        await asyncio.gather(*(wave for wave, _ in self._waves), return_exceptions=True)
+        report.timings["apply"] += time.perf_counter() - first
+        self._waves = []
+
+
 # ---------------------------------------------------------------- per-job memory
 
 
@@ -922,6 +1007,8 @@ class _Todo:
 _Recorded = repo.Recorded
 
 _NO_OBS: tuple[ObjectObs, ...] = ()
+# plans made between two yields to the event loop while a wave acts (``_tick``)
+_YIELD_EVERY = 16
 _STEADY = frozenset({State.PENDING, State.RUNNING})
 
 
