@@ -4,8 +4,13 @@ Order inside a tick (crash-safe at every line):
 1. read the tracked jobs' row versions from the store (below);
 2. one batched live read (``find_many``) and, for current objects that left the
    queue, one batched accounting read (``inspect_many`` with a start window);
-   a failed live read ends the tick without touching any job (bad rows are still
-   rejected);
+   a failed live read ends the tick without touching any other job (bad rows are still
+   rejected). While the live read runs, the new jobs that no Slurm object can belong to
+   (no status row, so no intent ever; a name absent from the last complete read of this
+   leadership) are planned with no observation -- what the read would give them -- and
+   submitted (``_fresh``): a new row's sbatch does not wait for a read of the whole
+   queue. A leadership's first tick, and the ticks after a failed read until one
+   succeeds, plan them after the read;
 3. ``plan`` each job that needs it (pure), its row read in full;
 4. commit statuses, events and submission *intents* in one transaction (per wave: a
    chunk's plans up to ``action_concurrency`` Submits);
@@ -52,7 +57,7 @@ import logging
 import time
 import zlib
 from collections import Counter as CountOf
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -168,6 +173,9 @@ class Reconciler:
         # (they are planned again now): (jobs.version, (spec, policy, desired)) by job id
         self._validated: repo.SpecCache = {}
         self._carried: repo.SpecCache = {}
+        # the dispatch job ids that had any object of ours in the last complete live read
+        # of this leadership; None: none yet (``_fresh``)
+        self._seen: set[str] | None = None
         self._epoch = 0  # moves when a plan input shared by every job changes
         self._epoch_key: tuple[object, ...] | None = None
         self._warned = False
@@ -179,6 +187,7 @@ class Reconciler:
         plans every job (call it when leadership was lost and taken again)."""
         self._memos = {}
         self._validated = {}
+        self._seen = None
         self._loaded = False
         self._epoch_key = None
 
@@ -245,31 +254,52 @@ class Reconciler:
         self.metrics.tracked.set(report.tracked)
         report.timings["load"] = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        live: dict[str, list[ObjectObs]] = {}
-        strays: dict[str, list[ObjectObs]] = {}  # our dj- objects that no tracked job owns
-        # one squeue per tick, even with nothing tracked: the sweep of strays needs it
-        try:
-            live = await self.adapter.find_many(wanted, strays=strays)
-        except (TransientError, ProtocolError) as exc:
-            report.slurm_ok = False
-            report.errors.append(f"live read: {exc}")
-            self.metrics.slurm_up.set(0)
-            log.warning("slurm live read failed; no job changes this tick",
-                        extra={"error": str(exc)})
-            self._save_rejections(now)
-            return
-        self.metrics.slurm_up.set(1)
-        report.timings["read"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
         down = self.cluster_stats.down_nodes if self.cluster_stats else frozenset()
         ctx = PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
                           adopt_window_s=self.settings.adopt_window_s, down_nodes=down,
                           clusters=self.clusters)
         epoch = self._plan_epoch(ctx)
         self._carried = {}
-        todo = self._unsettled(live, now, epoch, report)
+        for phase in ("read", "select", "plan", "store", "apply"):
+            report.timings[phase] = 0.0
+        slots = max(1, self.settings.submit_slice)
+
+        # one squeue per tick, even with nothing tracked: the sweep of strays needs it.
+        # It runs while the new jobs that no object can belong to are planned and
+        # submitted (``_fresh``): their plans need no observation
+        t0 = time.perf_counter()
+        strays: dict[str, list[ObjectObs]] = {}  # our dj- objects that no tracked job owns
+        read = asyncio.ensure_future(self.adapter.find_many(wanted, strays=strays))
+        read_done: list[float] = []
+        read.add_done_callback(lambda _: read_done.append(time.perf_counter()))
+        fresh: set[str] = set()
+        try:
+            await asyncio.sleep(0)  # the read is under way
+            fresh, slots = await self._fresh(memos, ctx, epoch=epoch, slots=slots,
+                                             report=report, began=began)
+        finally:
+            try:
+                live = await read
+            except (TransientError, ProtocolError) as exc:
+                report.slurm_ok = False
+                report.errors.append(f"live read: {exc}")
+                self.metrics.slurm_up.set(0)
+                # no new job is submitted unread again until a read succeeds
+                self._seen = None
+                log.warning("slurm live read failed; no other job changes this tick",
+                            extra={"error": str(exc)})
+            else:
+                self.metrics.slurm_up.set(1)
+                self._seen = {job_id for job_id, seen in live.items() if seen}
+                self._seen.update(strays)
+            report.timings["read"] = (read_done[0] if read_done
+                                      else time.perf_counter()) - t0
+        if not report.slurm_ok:
+            self._save_rejections(now)
+            return
+
+        t0 = time.perf_counter()
+        todo = self._unsettled(live, now, epoch, report, planned=fresh)
         chunk = max(1, self.settings.plan_chunk)
         if len(todo) <= chunk:  # the usual tick: a few jobs, read in full at once
             todo.sort(key=_newest_first)  # stable: a burst keeps its order
@@ -277,7 +307,7 @@ class Reconciler:
         else:  # many (a new leader's first tick): the jobs likely to act first
             self._order(todo, report)
             todo = self._past_slice(todo, epoch, report)
-        report.timings["select"] = time.perf_counter() - t0
+        report.timings["select"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
         acct, acct_ok = await self._accounting(todo, now)
@@ -285,10 +315,9 @@ class Reconciler:
         self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] += time.perf_counter() - t0
 
-        report.timings["plan"] = report.timings["store"] = report.timings["apply"] = 0.0
-        slots = max(1, self.settings.submit_slice)
+        planned_before = report.planned  # by ``_fresh``: then no chunk goes unbudgeted
         for start in range(0, len(todo), chunk):
-            if (start and self.budget_s is not None
+            if ((start or planned_before) and self.budget_s is not None
                     and time.perf_counter() - began > self.budget_s):
                 # the rest waits for the next tick, at once: a tick stays well inside
                 # its lease, and the next one reads Slurm again first
@@ -298,64 +327,10 @@ class Reconciler:
                 break
             t0 = time.perf_counter()
             part = self._with_rows(todo[start:start + chunk], report)
-            acts = _Acts(self.settings.action_concurrency)
-            plans: list[tuple[repo.LoadedJob, Plan]] = []
-            outcomes: list[tuple[_Todo, Plan | None]] = []
-            submits = 0
-            try:
-                for item in part:
-                    job = item.row
-                    assert job is not None
-                    try:
-                        cur = job.state.current
-                        acct_obs = acct.get(cur.ref) if cur and cur.ref else None
-                        item.outcomes = tuple(self._outcome_book().get(job.state.job_id, ()))
-                        observed = Observed(live=tuple(item.seen), accounting=acct_obs,
-                                            accounting_ok=acct_ok, outcomes=item.outcomes)
-                        p = plan(job.state, observed, ctx)
-                    except Exception as exc:  # one job's bug never stops the others
-                        log.exception("planning failed", extra={"job": job.state.job_id})
-                        report.errors.append(f"{job.state.job_id}: plan: {exc}")
-                        outcomes.append((item, None))
-                        continue
-                    if any(isinstance(action, Submit) for action in p.actions):
-                        if slots == 0:
-                            # past this tick's submit slice: the plan is dropped unwritten
-                            # (plan is pure: the next tick, at once, makes it again, from
-                            # the row as validated now unless the row moves)
-                            report.deferred += 1
-                            self._carry(job)
-                            item.row = None
-                            if not job.has_status and not item.seen and not item.outcomes:
-                                item.memo.deferred_epoch = epoch  # see _past_slice
-                            continue
-                        slots -= 1
-                        submits += 1
-                    plans.append((job, p))
-                    outcomes.append((item, p))
-                    if submits >= acts.wave:
-                        # a wave of Submits: committed and started now, while the rest
-                        # of the chunk is planned (the Start batches never run dry)
-                        report.timings["plan"] += time.perf_counter() - t0
-                        self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch,
-                                     report=report)
-                        plans, outcomes, submits = [], [], 0
-                        await acts.room()
-                        await asyncio.sleep(0)  # the wave's Starts are queued now
-                        t0 = time.perf_counter()
-                    elif acts.busy and len(outcomes) % _YIELD_EVERY == 0:
-                        # a wave is in flight: let its Start batches be spawned and
-                        # their outcomes handled while this one is planned
-                        await asyncio.sleep(0)
-                report.timings["plan"] += time.perf_counter() - t0
-                self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
-            finally:
-                # this chunk's actions end before the next chunk (or the tick's end),
-                # also when a commit failed: nothing of this chunk acts after that
-                await acts.drain(report)
-            # this chunk's rows and plans go now, not when the next chunk's replace them
-            del part, plans, outcomes
-            await self._release(acts, report, now)
+            report.timings["select"] += time.perf_counter() - t0
+            slots = await self._plan_chunk(part, acct, acct_ok, ctx=ctx, epoch=epoch,
+                                           slots=slots, report=report)
+            del part  # this chunk's rows go now, not when the next chunk's replace them
             # let the loop run between chunks (other shards' ticks, lease renewals): a
             # long first tick is many short pieces, never one block
             await asyncio.sleep(0)
@@ -368,6 +343,113 @@ class Reconciler:
         t0 = time.perf_counter()
         self._refresh_gauges(now)
         report.timings["gauges"] = time.perf_counter() - t0
+
+    async def _fresh(self, memos: dict[str, _Memo], ctx: PlanContext, *, epoch: int,
+                     slots: int, report: TickReport, began: float) -> tuple[set[str], int]:
+        """Plan and submit, while the tick's live read runs, the new jobs that no Slurm
+        object can belong to; their ids, and the submit slots left.
+
+        Such a job has no status row (so no intent was ever committed for it, and every
+        sbatch of ours follows a committed intent) and its name was not in the last
+        complete live read of this leadership (``_seen``: an object that existed then
+        would be there; one made since would be ours, after an intent). Its plan is the
+        planner's with no observation, which is exactly what the read would give it: the
+        decision does not wait for the read. The first tick of a leadership (nothing
+        read yet) plans every job after the read, as before. They are planned newest
+        first, a chunk at a time, until ``slots`` Submits are made or the tick's budget
+        is spent; the rest wait for the next tick, unread (``deferred``)."""
+        if self._seen is None:
+            return set(), slots
+        t0 = time.perf_counter()
+        seen, pending = self._seen, self._outcome_book()
+        todo = [_Todo(job_id, memo, _NO_OBS) for job_id, memo in memos.items()
+                if memo.status_version is None and not memo.elsewhere
+                and memo.valid is not False and job_id not in seen
+                and job_id not in pending and is_job_id(job_id)]
+        if not todo:
+            report.timings["select"] += time.perf_counter() - t0
+            return set(), slots
+        todo.sort(key=_newest_first)  # stable: a burst keeps its order
+        planned = {item.job_id for item in todo}
+        report.timings["select"] += time.perf_counter() - t0
+        # a chunk (at most the slots left) at a time, until the slots are used (a row
+        # that turns out invalid, or stopped, takes none) or the tick's budget is spent
+        done = 0
+        while done < len(todo) and slots > 0 and not (
+                done and self.budget_s is not None
+                and time.perf_counter() - began > self.budget_s):
+            t0 = time.perf_counter()
+            piece = todo[done:done + min(slots, max(1, self.settings.plan_chunk))]
+            done += len(piece)
+            part = self._with_rows(piece, report)
+            report.timings["select"] += time.perf_counter() - t0
+            slots = await self._plan_chunk(part, {}, True, ctx=ctx, epoch=epoch,
+                                           slots=slots, report=report)
+        report.deferred += len(todo) - done
+        return planned, slots
+
+    async def _plan_chunk(self, part: list[_Todo], acct: dict[ObjectRef, ObjectObs],
+                          acct_ok: bool, *, ctx: PlanContext, epoch: int, slots: int,
+                          report: TickReport) -> int:
+        """Plan one chunk of jobs (their rows read), commit and act in waves
+        (``_launch``), then release its recorded Submits; the submit slots left."""
+        t0 = time.perf_counter()
+        acts = _Acts(self.settings.action_concurrency)
+        plans: list[tuple[repo.LoadedJob, Plan]] = []
+        outcomes: list[tuple[_Todo, Plan | None]] = []
+        submits = 0
+        try:
+            for item in part:
+                job = item.row
+                assert job is not None
+                try:
+                    cur = job.state.current
+                    acct_obs = acct.get(cur.ref) if cur and cur.ref else None
+                    item.outcomes = tuple(self._outcome_book().get(job.state.job_id, ()))
+                    observed = Observed(live=tuple(item.seen), accounting=acct_obs,
+                                        accounting_ok=acct_ok, outcomes=item.outcomes)
+                    p = plan(job.state, observed, ctx)
+                except Exception as exc:  # one job's bug never stops the others
+                    log.exception("planning failed", extra={"job": job.state.job_id})
+                    report.errors.append(f"{job.state.job_id}: plan: {exc}")
+                    outcomes.append((item, None))
+                    continue
+                if any(isinstance(action, Submit) for action in p.actions):
+                    if slots == 0:
+                        # past this tick's submit slice: the plan is dropped unwritten
+                        # (plan is pure: the next tick, at once, makes it again, from
+                        # the row as validated now unless the row moves)
+                        report.deferred += 1
+                        self._carry(job)
+                        item.row = None
+                        if not job.has_status and not item.seen and not item.outcomes:
+                            item.memo.deferred_epoch = epoch  # see _past_slice
+                        continue
+                    slots -= 1
+                    submits += 1
+                plans.append((job, p))
+                outcomes.append((item, p))
+                if submits >= acts.wave:
+                    # a wave of Submits: committed and started now, while the rest
+                    # of the chunk is planned (the Start batches never run dry)
+                    report.timings["plan"] += time.perf_counter() - t0
+                    self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
+                    plans, outcomes, submits = [], [], 0
+                    await acts.room()
+                    await asyncio.sleep(0)  # the wave's Starts are queued now
+                    t0 = time.perf_counter()
+                elif acts.busy and len(outcomes) % _YIELD_EVERY == 0:
+                    # a wave is in flight: let its Start batches be spawned and
+                    # their outcomes handled while this one is planned
+                    await asyncio.sleep(0)
+            report.timings["plan"] += time.perf_counter() - t0
+            self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
+        finally:
+            # this chunk's actions end before the next chunk (or the tick's end), also
+            # when a commit failed: nothing of this chunk acts after that
+            await acts.drain(report)
+        await self._release(acts, report, ctx.now)
+        return slots
 
     # ------------------------------------------------------------ incremental state
 
@@ -423,15 +505,17 @@ class Reconciler:
         return self._epoch
 
     def _unsettled(self, live: dict[str, list[ObjectObs]], now: int, epoch: int,
-                   report: TickReport) -> list[_Todo]:
+                   report: TickReport, *, planned: Container[str] = ()) -> list[_Todo]:
         """The jobs to plan this tick: all but those whose last plan was quiet and whose
-        inputs are unchanged and clock triggers not due (module docstring)."""
+        inputs are unchanged and clock triggers not due (module docstring), and but
+        those ``planned`` already this tick (``_fresh``)."""
         todo: list[_Todo] = []
         skipped = 0
         observed = live.get
         pending = self._outcome_book()  # a job with an action outcome is always planned
         for job_id, memo in self._memos.items():
-            if memo.elsewhere:  # another shard's, until its row moves (``_with_rows``)
+            if memo.elsewhere or job_id in planned:
+                # another shard's, until its row moves (``_with_rows``); or planned
                 continue
             seen = observed(job_id, _NO_OBS)
             quiet = memo.quiet
