@@ -286,7 +286,7 @@ class Reconciler:
                 self.metrics.slurm_up.set(0)
                 # no new job is submitted unread again until a read succeeds
                 self._seen = None
-                log.warning("slurm live read failed; no other job changes this tick",
+                log.warning("slurm live read failed; no job with a status changes this tick",
                             extra={"error": str(exc)})
             else:
                 self.metrics.slurm_up.set(1)
