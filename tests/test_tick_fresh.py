@@ -138,3 +138,4 @@ async def test_after_a_failed_read_new_rows_wait_for_a_read(sqlite_store: Store)
     fake.order.clear()
     await r.tick()
     assert fake.order == ["read", "read done", "start"]
+

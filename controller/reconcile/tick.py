@@ -269,9 +269,19 @@ class Reconciler:
         # submitted (``_fresh``): their plans need no observation
         t0 = time.perf_counter()
         strays: dict[str, list[ObjectObs]] = {}  # our dj- objects that no tracked job owns
-        read = asyncio.ensure_future(self.adapter.find_many(wanted, strays=strays))
+        found: list[dict[str, list[ObjectObs]]] = []
         read_done: list[float] = []
-        read.add_done_callback(lambda _: read_done.append(time.perf_counter()))
+
+        async def read_live() -> None:
+            # the observations go to ``found``, not to the task's result: a finished
+            # task can sit in a reference cycle until the cyclic collector runs, and
+            # with it every list of a 100k-job read
+            try:
+                found.append(await self.adapter.find_many(wanted, strays=strays))
+            finally:
+                read_done.append(time.perf_counter())
+
+        read = asyncio.ensure_future(read_live())
         fresh: set[str] = set()
         try:
             await asyncio.sleep(0)  # the read is under way
@@ -279,7 +289,8 @@ class Reconciler:
                                              report=report, began=began)
         finally:
             try:
-                live = await read
+                await read
+                live = found.pop()
             except (TransientError, ProtocolError) as exc:
                 report.slurm_ok = False
                 report.errors.append(f"live read: {exc}")
