@@ -328,8 +328,7 @@ class Reconciler:
 
         planned_before = report.planned  # by ``_fresh``: then no chunk goes unbudgeted
         for start in range(0, len(todo), chunk):
-            if ((start or planned_before) and self.budget_s is not None
-                    and time.perf_counter() - began > self.budget_s):
+            if (start or planned_before) and self._spent(began):
                 # the rest waits for the next tick, at once: a tick stays well inside
                 # its lease, and the next one reads Slurm again first
                 report.deferred += len(todo) - start
@@ -354,6 +353,11 @@ class Reconciler:
         t0 = time.perf_counter()
         self._refresh_gauges(now)
         report.timings["gauges"] = time.perf_counter() - t0
+
+    def _spent(self, began: float) -> bool:
+        """The tick begun at ``began`` is past its time budget: it takes on no further
+        chunk (the first always goes)."""
+        return self.budget_s is not None and time.perf_counter() - began > self.budget_s
 
     async def _fresh(self, memos: dict[str, _Memo], ctx: PlanContext, *, epoch: int,
                      slots: int, report: TickReport, began: float) -> tuple[set[str], int]:
@@ -386,9 +390,7 @@ class Reconciler:
         # a chunk (at most the slots left) at a time, until the slots are used (a row
         # that turns out invalid, or stopped, takes none) or the tick's budget is spent
         done = 0
-        while done < len(todo) and slots > 0 and not (
-                done and self.budget_s is not None
-                and time.perf_counter() - began > self.budget_s):
+        while done < len(todo) and slots > 0 and not (done and self._spent(began)):
             t0 = time.perf_counter()
             piece = todo[done:done + min(slots, max(1, self.settings.plan_chunk))]
             done += len(piece)
@@ -1016,16 +1018,15 @@ class Reconciler:
 
 
 class _Acts:
-    """The actions of one tick in flight: waves of plans committed and started one after
+    """The actions of one chunk in flight: waves of plans committed and started one after
     another (``Reconciler._launch``), each wave at most ``action_concurrency`` jobs acting
-    at once and at most ``DEPTH`` waves in flight; the releases that wait for every Start
-    of the tick; the lease lost by any of them."""
+    at once (and holding that many Submits) and at most ``DEPTH`` waves in flight; the
+    releases that wait for every Start of the chunk; the lease lost by any of them."""
 
     DEPTH = 2  # waves in flight: one's Starts run while the next is planned and queued
 
     def __init__(self, concurrency: int) -> None:
-        self.concurrency = max(1, concurrency)
-        self.wave = self.concurrency  # Submits per wave: a whole wave in flight at once
+        self.wave = max(1, concurrency)  # Submits per wave, and jobs acting at once in it
         self.lost: list[LeaseLost] = []
         self.releases: list[tuple[JobState, Release]] = []
         self._waves: list[tuple[asyncio.Future[list[None]], float]] = []
@@ -1037,14 +1038,14 @@ class _Acts:
 
     def gate(self) -> asyncio.Semaphore:
         """The bound of one new wave."""
-        return asyncio.Semaphore(self.concurrency)
+        return asyncio.Semaphore(self.wave)
 
     def started(self, wave: asyncio.Future[list[None]]) -> None:
         self._waves.append((wave, time.perf_counter()))
 
     async def room(self) -> None:
-        """Wait until fewer than ``DEPTH`` waves are in flight (memory stays bounded on
-        a new leader's first tick, however many chunks act)."""
+        """Wait until fewer than ``DEPTH`` waves are in flight (memory stays bounded
+        however many Submits a chunk makes)."""
         while sum(1 for wave, _ in self._waves if not wave.done()) >= self.DEPTH:
             oldest = next(wave for wave, _ in self._waves if not wave.done())
             await asyncio.wait([oldest])
@@ -1102,7 +1103,7 @@ class _Todo:
 _Recorded = repo.Recorded
 
 _NO_OBS: tuple[ObjectObs, ...] = ()
-# plans made between two yields to the event loop while a wave acts (``_tick``)
+# plans made between two yields to the event loop while a wave acts (``_plan_chunk``)
 _YIELD_EVERY = 16
 _STEADY = frozenset({State.PENDING, State.RUNNING})
 
