@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from controller.config import Config, parse_config
 from controller.daemon.service import Daemon, build_shard, shard_lease
@@ -25,6 +26,7 @@ from controller.store import repo
 from controller.store.db import Store
 from controller.store.members import Membership, list_replicas
 from controller.store.models import JobStatus, Submission
+from controller.store.models import Lease as LeaseRow
 from tests.daemon_harness import free_port
 from tests.fakeslurm import FakeSlurm
 
@@ -400,3 +402,24 @@ async def test_jobs_placed_on_a_cluster_the_configuration_dropped_are_counted(
                    wall)
     await back.check_placements()
     assert back.metrics.registry.get_sample_value(gauge) == 0
+
+
+async def test_the_keeper_takes_no_shard_whose_tick_is_still_running(
+        sqlite_store: Store) -> None:
+    """This replica stalled past its lease while a tick of the shard ran: the keeper
+    leaves the shard until that tick has ended, then takes it over."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": name} for name in NAMES[:2]]})
+    clock = [float(NOW)]
+    d = replica(sqlite_store, config, clock)
+    d.count_replicas()
+    await d.tick_once()
+    shard = d.shards[0]
+    assert shard.held
+    shard.lease.drop()  # the stall: the lease expired behind this replica
+    with sqlite_store.transaction() as tx:
+        tx.execute(update(LeaseRow).where(LeaseRow.name == shard.lease.name)
+                   .values(expires_at_ms=0))
+    async with shard._tick_lock:  # its tick is still running
+        assert shard not in d._orphans()
+    assert shard in d._orphans()

@@ -189,16 +189,17 @@ class Daemon:
 
     def _orphans(self) -> list[Shard]:
         """The shards not held here whose lease was held and has expired: their replica
-        died or stalled. (A lease never taken is left to the shards' own ticks, which
-        take in turn within the fair share: at startup the count of replicas is still
-        growing.)"""
+        died or stalled. A shard whose tick is still running here is not one: that tick
+        must end (its fence stops it) before the shard is taken again. (A lease never
+        taken is left to the shards' own ticks, which take in turn within the fair
+        share: at startup the count of replicas is still growing.)"""
         try:
             with self.store.transaction() as tx:
                 leases = {info.name: info for info in read_leases(tx)}
         except DispatchError:
             return []
         now = self.clock()
-        return [shard for shard in self.shards if not shard.lease.held
+        return [shard for shard in self.shards if not shard.lease.held and not shard.busy
                 and (info := leases.get(shard.lease.name)) is not None
                 and info.expires_at <= now]
 

@@ -86,6 +86,12 @@ class Shard:
     def held(self) -> bool:
         return self.lease.held
 
+    @property
+    def busy(self) -> bool:
+        """A tick of this shard is in progress (the keeper takes no such shard: the tick
+        would go on under an epoch taken behind it; its fence stops it anyway)."""
+        return self._tick_lock.locked()
+
     # ------------------------------------------------------------ the loop
 
     async def tick_once(self) -> None:

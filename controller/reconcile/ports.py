@@ -53,12 +53,16 @@ class SlurmPort(Protocol):
 class Fence(Protocol):
     """The leader lease as the tick sees it (``controller.store.lease.Lease``).
 
+    ``pin()`` is the fence of one tick: the lease at the epoch held when the tick began
+    (``controller.store.lease.Pinned``), which passes only while that epoch is held.
     ``check(tx)`` is the first statement of every write transaction (raises
     ``LeaseLost`` when the lease moved); ``guard()`` runs before every Slurm write (raises
     ``LeaseLost`` past the lease deadline minus the safety margin); ``epoch`` is the epoch
     held, recorded on the intents."""
 
     epoch: int | None
+
+    def pin(self) -> Fence: ...
 
     def check(self, tx: Any) -> None: ...
 
@@ -71,6 +75,9 @@ class NoFence:
     """For a controller that runs alone by construction (tests, one-shot tools)."""
 
     epoch: int | None = None
+
+    def pin(self) -> NoFence:
+        return self
 
     def check(self, tx: Any) -> None:
         return None

@@ -14,6 +14,13 @@ on SQLite and PostgreSQL, and the fence every write of the leader goes through.
   while another live lease (another name: a replica that orders ``[[clusters]]``
   differently, so it calls the default cluster's lease ``controller``) names the same
   cluster. On PostgreSQL an advisory lock per cluster orders two such takes.
+* **A tick's own epoch** (``pin``): a tick captures the epoch it starts under, and its
+  fence (``Pinned``) passes only while the lease still holds *that* epoch. A lease lost
+  and taken again by this very process (its keeper thread, after a stall) carries a new
+  epoch: a tick begun under the old one writes nothing more, neither to the database
+  (the check's UPDATE names the captured epoch) nor to Slurm, even though the process
+  holds the lease again. Plans made from rows read before another leader acted can
+  never be committed under the new epoch.
 * **Slurm writes** (``guard``): allowed only while the local monotonic clock is before
   the deadline the last successful renewal earned (its request's start + TTL) minus a
   safety margin. The deadline is measured from before the renewal was sent, so it ends
@@ -24,7 +31,8 @@ on SQLite and PostgreSQL, and the fence every write of the leader goes through.
 Times in the row are wall-clock milliseconds from the injected ``clock``; the deadline
 uses the injected ``monotonic`` clock. A ``Lease`` may be used from several threads (the
 daemon renews its leases from a thread of its own, so a busy event loop never lets one
-lapse): its methods hold one lock.
+lapse): a round trip lock serialises renewals, takes and releases, and a state lock,
+never held across a round trip, guards the epoch and deadline.
 """
 
 from __future__ import annotations
@@ -89,10 +97,21 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _locked(method: _F) -> _F:
-    """Run a ``Lease`` method under the lease's lock (re-entrant: renew inside guard)."""
+    """Run a ``Lease`` method under the lease's state lock (held briefly, never across a
+    database round trip)."""
     @functools.wraps(method)
     def call(self: Lease, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            return method(self, *args, **kwargs)
+    return call  # type: ignore[return-value]
+
+
+def _serial(method: _F) -> _F:
+    """Run a ``Lease`` method that makes a database round trip under the lease's round
+    trip lock: one renewal, take or release at a time (re-entrant: renew inside guard)."""
+    @functools.wraps(method)
+    def call(self: Lease, *args: Any, **kwargs: Any) -> Any:
+        with self._io:
             return method(self, *args, **kwargs)
     return call  # type: ignore[return-value]
 
@@ -117,7 +136,8 @@ class Lease:
         self._monotonic = monotonic
         self.epoch: int | None = None  # the epoch we hold, None when not the holder
         self._deadline = float("-inf")  # monotonic: our lease surely holds until then
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the state: epoch and deadline
+        self._io = threading.RLock()  # the round trips: renew, take, release
 
     # ------------------------------------------------------------ state
 
@@ -133,64 +153,77 @@ class Lease:
 
     # ------------------------------------------------------------ acquire / renew
 
-    @_locked
+    @_serial
     def renew(self) -> bool:
         """Extend the lease we hold (never take it anew: a tick in progress must not carry
-        on under a new epoch). False, and ``epoch`` dropped, when it moved."""
-        if self.epoch is None:
+        on under a new epoch). False, and ``epoch`` dropped, when it moved. The database
+        round trip runs without the state lock: a tick's ``guard`` never waits on it."""
+        epoch = self.epoch
+        if epoch is None:
             return False
         sent = self._monotonic()
         expires_ms = int(self._clock() * 1000) + int(self.ttl_s * 1000)
         try:
             with self.store.transaction() as tx:
-                renewed = self._renew(tx, expires_ms)
+                renewed = self._renew(tx, expires_ms, epoch)
         except (DispatchError, SQLAlchemyError) as exc:
             log.warning("lease: could not renew", extra={"error": str(exc)[:300]})
             return self.remaining() > 0
-        if not renewed:
-            log.warning("lease lost: another daemon holds it now; standing down",
-                        extra={"holder": self.holder, "epoch": self.epoch})
-            self.drop()
-            return False
-        self._deadline = sent + self.ttl_s
+        with self._lock:
+            if self.epoch != epoch:  # dropped meanwhile (a tick's LeaseLost): stays so
+                return False
+            if not renewed:
+                log.warning("lease lost: another daemon holds it now; standing down",
+                            extra={"holder": self.holder, "epoch": epoch})
+                self.drop()
+                return False
+            self._deadline = sent + self.ttl_s
         return True
 
-    @_locked
+    @_serial
     def try_acquire(self) -> bool:
         """Renew the lease if we hold it, else take it if it is free or expired.
 
         Returns whether we hold it now. A lost renewal drops ``epoch`` (the caller must
         forget what it knew: another leader may have acted). Database errors count as
-        not holding it (the deadline still protects the Slurm side)."""
+        not holding it (the deadline still protects the Slurm side). A lease taken anew
+        has a new epoch: a tick begun under the old one stays fenced out (``Pinned``)."""
+        epoch = self.epoch
         sent = self._monotonic()
         now_ms = int(self._clock() * 1000)
         expires_ms = now_ms + int(self.ttl_s * 1000)
+        taken: int | None = None
         try:
             with self.store.transaction() as tx:
-                if self.epoch is not None and self._renew(tx, expires_ms):
-                    self._deadline = sent + self.ttl_s
-                    return True
-                if self.epoch is not None:
+                if epoch is not None and self._renew(tx, expires_ms, epoch):
+                    with self._lock:
+                        if self.epoch == epoch:
+                            self._deadline = sent + self.ttl_s
+                            return True
+                        # dropped meanwhile (a tick's LeaseLost): taken anew below
+                elif epoch is not None:
                     log.warning("lease lost: another daemon holds it now; standing down",
-                                extra={"holder": self.holder, "epoch": self.epoch})
-                    self.epoch = None
-                epoch = self._take(tx, now_ms, expires_ms)
+                                extra={"holder": self.holder, "epoch": epoch})
+                    self._drop_at(epoch)
+                taken = self._take(tx, now_ms, expires_ms)
         except (DispatchError, SQLAlchemyError) as exc:  # the database failed: see below
             log.warning("lease: database unavailable", extra={"error": str(exc)[:300]})
-            if self.epoch is not None and self.remaining() <= 0:
-                self.epoch = None
-            return self.epoch is not None and self.remaining() > 0
-        if epoch is None:
+            with self._lock:
+                if self.epoch is not None and self.remaining() <= 0:
+                    self.drop()
+                return self.epoch is not None and self.remaining() > 0
+        if taken is None:
             return False
-        self.epoch = epoch
-        self._deadline = sent + self.ttl_s
-        log.info("lease acquired", extra={"holder": self.holder, "epoch": epoch})
+        with self._lock:
+            self.epoch = taken
+            self._deadline = sent + self.ttl_s
+        log.info("lease acquired", extra={"holder": self.holder, "epoch": taken})
         return True
 
-    def _renew(self, tx: Session, expires_ms: int) -> bool:
+    def _renew(self, tx: Session, expires_ms: int, epoch: int) -> bool:
         result = tx.execute(update(LeaseRow).where(
             LeaseRow.name == self.name, LeaseRow.holder == self.holder,
-            LeaseRow.epoch == self.epoch).values(expires_at_ms=expires_ms))
+            LeaseRow.epoch == epoch).values(expires_at_ms=expires_ms))
         return int(result.rowcount or 0) == 1  # type: ignore[attr-defined]
 
     def _led_elsewhere(self, tx: Session, now_ms: int) -> str | None:
@@ -234,7 +267,7 @@ class Lease:
             return None  # someone else moved it between our read and our write
         return int(epoch) + 1
 
-    @_locked
+    @_serial
     def release(self) -> None:
         """Give the lease up (shutdown): expire it at once so a standby takes over."""
         if self.epoch is None:
@@ -246,8 +279,7 @@ class Lease:
                     LeaseRow.epoch == self.epoch).values(expires_at_ms=0))
         except (DispatchError, SQLAlchemyError) as exc:  # it expires by itself anyway
             log.warning("lease: could not release", extra={"error": str(exc)[:300]})
-        self.epoch = None
-        self._deadline = float("-inf")
+        self.drop()
 
     @_locked
     def drop(self) -> None:
@@ -257,37 +289,82 @@ class Lease:
 
     # ------------------------------------------------------------ the fence
 
-    @_locked
+    def pin(self) -> Pinned:
+        """The fence of one tick: this lease at the epoch held now (module docstring)."""
+        return Pinned(self, self.epoch)
+
     def check(self, tx: Session) -> None:
-        """Fence a write transaction: its first statement. ``LeaseLost`` if the lease moved
-        (the caller's ``transaction()`` rolls everything back)."""
-        if self.epoch is None:
-            raise LeaseLost("not the lease holder")
+        """Fence a write transaction at the epoch held now (``Pinned.check``)."""
+        self.pin().check(tx)
+
+    def _check_at(self, tx: Session, epoch: int | None) -> None:
+        """The fence's statement for ``epoch``: an UPDATE of our row at that epoch; a
+        rowcount of 0 means it moved (dropped here, if we still thought it ours)."""
+        if epoch is None or self.epoch != epoch:
+            raise LeaseLost(f"lease epoch {epoch} is no longer ours")
         result = tx.execute(update(LeaseRow).where(
             LeaseRow.name == self.name, LeaseRow.holder == self.holder,
-            LeaseRow.epoch == self.epoch).values(epoch=LeaseRow.epoch))
+            LeaseRow.epoch == epoch).values(epoch=LeaseRow.epoch))
         if int(result.rowcount or 0) != 1:  # type: ignore[attr-defined]
-            held = self.epoch
-            self.drop()
-            raise LeaseLost(f"lease epoch {held} is no longer ours")
+            with self._lock:
+                if self.epoch == epoch:
+                    self.drop()
+            raise LeaseLost(f"lease epoch {epoch} is no longer ours")
 
-    @_locked
     def refresh(self) -> None:
         """Renew when under half the TTL is left (a long tick between its writes); a
         failed renewal is left to ``check`` and ``guard`` to act on."""
         if self.epoch is not None and self.remaining() < self.ttl_s / 2:
             self.renew()
 
-    @_locked
     def guard(self) -> None:
-        """Before a Slurm write: ``LeaseLost`` unless the lease surely holds, with margin.
-        A tick that ran long renews here first (one small transaction)."""
-        if self.epoch is None:
-            raise LeaseLost("not the lease holder")
+        """Before a Slurm write, at the epoch held now (``Pinned.guard``)."""
+        self.pin().guard()
+
+    def _guard_at(self, epoch: int | None) -> None:
+        """``LeaseLost`` unless the lease surely holds ``epoch``, with margin. Reads two
+        fields without the lock (the keeper's renewal holds it across a database round
+        trip); a tick that ran long renews here first (one small transaction)."""
+        if epoch is None or self.epoch != epoch:
+            raise LeaseLost(f"lease epoch {epoch} is no longer ours")
         if self.remaining() < self.ttl_s / 2 and not self.renew():
-            self.drop()
+            self._drop_at(epoch)
             raise LeaseLost("the lease could not be renewed in time")
+        if self.epoch != epoch:
+            raise LeaseLost(f"lease epoch {epoch} is no longer ours")
         if self.remaining() <= 0:
-            held = self.epoch
-            self.drop()  # we cannot know it still holds: act as if lost (safe either way)
-            raise LeaseLost(f"too close to the deadline of lease epoch {held} to write")
+            self._drop_at(epoch)  # we cannot know it still holds: act as if lost
+            raise LeaseLost(f"too close to the deadline of lease epoch {epoch} to write")
+
+    def _drop_at(self, epoch: int) -> None:
+        with self._lock:
+            if self.epoch == epoch:
+                self.drop()
+
+
+class Pinned:
+    """A lease at one epoch: the fence of one tick (``Lease.pin``). ``check`` and
+    ``guard`` pass only while the lease still holds ``epoch``: never for an epoch taken
+    again behind the tick."""
+
+    def __init__(self, lease: Lease, epoch: int | None) -> None:
+        self.lease = lease
+        self.epoch = epoch
+
+    def pin(self) -> Pinned:
+        return self
+
+    def check(self, tx: Session) -> None:
+        """Fence a write transaction: its first statement. ``LeaseLost`` unless the lease
+        still holds this epoch (the caller's ``transaction()`` rolls everything back)."""
+        self.lease._check_at(tx, self.epoch)
+
+    def guard(self) -> None:
+        """Before a Slurm write: ``LeaseLost`` unless the lease surely holds this epoch,
+        with margin."""
+        self.lease._guard_at(self.epoch)
+
+    def refresh(self) -> None:
+        """Renew when under half the TTL is left, while this epoch is held."""
+        if self.epoch is not None and self.lease.epoch == self.epoch:
+            self.lease.refresh()
