@@ -161,3 +161,32 @@ class Replica(Base):
     expires_at_ms: Mapped[int] = mapped_column(BigInteger)
     started_at_ms: Mapped[int] = mapped_column(BigInteger)
     shards: Mapped[str] = mapped_column(Text, default="", server_default="")  # held, comma
+
+
+class Tombstone(Base):
+    """A job row that was deleted (migration 0006: a trigger writes it, whoever deletes):
+    its id stays this database's, so its live Slurm jobs are still stopped by this
+    deployment, and an id written again is never taken for a new one. ``refs`` lists the
+    submissions it had, ``N=slurm_id@cluster`` comma separated. Expires after
+    ``reconcile.tombstone_ttl_s``."""
+
+    __tablename__ = "tombstones"
+
+    job_id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    deleted_at_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+    refs: Mapped[str] = mapped_column(Text, default="", server_default="")
+
+
+class UnownedObject(Base):
+    """A ``dj-`` Slurm job whose id this database never had (a neighbouring deployment's
+    on the same Slurm account), as the last complete read of its cluster saw it: shown,
+    counted, never written (migration 0006)."""
+
+    __tablename__ = "unowned_objects"
+
+    cluster: Mapped[str] = mapped_column(String(64), primary_key=True)
+    slurm_job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    submit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    seen_at: Mapped[int] = mapped_column(BigInteger)

@@ -45,7 +45,14 @@ from controller.model.job import (
 from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provenance, State
 from controller.model.policy import DEFAULT_POLICY, RecoveryPolicy, parse_policy
 from controller.model.spec import JobDocument, JobSpec, parse_job_document
-from controller.store.models import Event, Job, JobStatus, Submission
+from controller.store.models import (
+    Event,
+    Job,
+    JobStatus,
+    Submission,
+    Tombstone,
+    UnownedObject,
+)
 
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
 
@@ -806,6 +813,9 @@ _RECORD_STATUS = update(_STATUS_TABLE).where(
     _STATUS_TABLE.c.slurm_job_id.is_(None) | (_STATUS_TABLE.c.slurm_job_id == bindparam("w_id")),
 ).values(slurm_job_id=bindparam("v_id"), slurm_submit=bindparam("v_submit"),
          cluster=bindparam("v_cluster"), sluid=bindparam("v_sluid"))
+_MARK_DUPLICATE = update(_SUB_TABLE).where(
+    _SUB_TABLE.c.job_id == bindparam("key_job"),
+    _SUB_TABLE.c.submission == bindparam("key_n")).values(status=literal_column("'duplicate'"))
 _SUBMISSIONS_OF = select(_SUB_TABLE.c.job_id, _SUB_TABLE.c.submission, _SUB_TABLE.c.status,
                          _SUB_TABLE.c.slurm_job_id)
 _STATUSES_OF = select(_STATUS_TABLE.c.job_id, _STATUS_TABLE.c.current_submission,
@@ -858,6 +868,12 @@ def record_submitted_many(tx: Session, refs: Sequence[Recorded]) -> list[bool]:
            and st.phase not in TERMINAL and st.slurm_job_id == ref.id
            for (job_id, n, ref), ok in zip(refs, sub_ok, strict=True)]
     _check_count(changed, sum(out), "job_status")
+    # a submission row that took its ref while its status did not: that object is a
+    # duplicate (the caller cancels it, never releases it), and its row says so
+    halves = [{"key_job": job_id, "key_n": n} for (job_id, n, _), ok, done
+              in zip(refs, sub_ok, out, strict=True) if ok and not done]
+    if halves:
+        conn.execute(_MARK_DUPLICATE, halves)
     return out
 
 
@@ -884,3 +900,79 @@ def observation_summary(obs: ObjectObs) -> str:
 
 def delete_job(tx: Session, job_id: str) -> None:
     tx.execute(delete(Job).where(Job.id == job_id))
+
+
+# ---------------------------------------------------------------- ownership (SPEC §6.2)
+
+
+def ownership(tx: Session, job_ids: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Of ``job_ids`` (the ids of ``dj-`` Slurm jobs no tracked job of the tick owned):
+    those tracked now (a row with no status or one not terminal: written again since the
+    tick read the versions), and those this database knows at all (any row, or a
+    tombstone of a deleted one). An id in neither was never this database's."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return set(), set()
+    rows = _by_ids(tx, select(Job.id, JobStatus.phase).outerjoin(
+        JobStatus, JobStatus.job_id == Job.id), Job.id, ids)
+    tracked = {row[0] for row in rows if row[1] is None or row[1] not in TERMINAL}
+    known = {row[0] for row in rows}
+    known.update(row[0] for row in _by_ids(tx, select(Tombstone.job_id),
+                                           Tombstone.job_id, ids))
+    return tracked, known
+
+
+def tombstoned(tx: Session, job_ids: Sequence[str]) -> set[str]:
+    """The ids among ``job_ids`` whose row was deleted once (a tombstone)."""
+    ids = sorted(set(job_ids))
+    return {row[0] for row in _by_ids(tx, select(Tombstone.job_id), Tombstone.job_id, ids)}
+
+
+def prune_tombstones(tx: Session, *, before_ms: int) -> int:
+    """Drop the tombstones of rows deleted before ``before_ms``; how many."""
+    result = tx.execute(delete(Tombstone).where(Tombstone.deleted_at_ms < before_ms))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def list_tombstones(tx: Session) -> list[Tombstone]:
+    return list(tx.scalars(select(Tombstone).order_by(Tombstone.deleted_at_ms)))
+
+
+@dataclass(frozen=True, slots=True)
+class Unowned:
+    """A ``dj-`` Slurm job whose id this database never had (a neighbour's)."""
+
+    cluster: str
+    slurm_job_id: int
+    name: str
+    state: str
+    submit: int | None
+    seen_at: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "slurm_job_id": self.slurm_job_id,
+                "name": self.name, "state": self.state, "submit": self.submit,
+                "seen_at": self.seen_at}
+
+
+def save_unowned(tx: Session, cluster: str, found: Sequence[ObjectObs], *, now: int,
+                 limit: int = 1000) -> None:
+    """Replace what the last complete read of ``cluster`` found of unowned jobs (at most
+    ``limit`` rows kept; the gauge counts them all)."""
+    tx.execute(delete(UnownedObject).where(UnownedObject.cluster == cluster))
+    rows = {}
+    for obs in found[:limit]:
+        rows[obs.ref.id] = {"cluster": cluster, "slurm_job_id": obs.ref.id,
+                            "name": obs.ref.uid, "state": obs.state.value,
+                            "submit": obs.submit if obs.submit is not None else obs.ref.submit,
+                            "seen_at": now}
+    if rows:
+        tx.execute(insert(UnownedObject), list(rows.values()))
+
+
+def list_unowned(tx: Session, cluster: str | None = None) -> list[Unowned]:
+    query = select(UnownedObject).order_by(UnownedObject.cluster, UnownedObject.slurm_job_id)
+    if cluster is not None:
+        query = query.where(UnownedObject.cluster == cluster)
+    return [Unowned(r.cluster, r.slurm_job_id, r.name, r.state, r.submit, r.seen_at)
+            for r in tx.scalars(query)]
