@@ -35,6 +35,7 @@ class Description:
     submissions: tuple[Submission, ...] = ()
     events: tuple[Event, ...] = ()
     leases: tuple[LeaseInfo, ...] = ()  # every shard's lease (``leader``: the default's)
+    unowned: int = 0  # neighbours' dj- jobs the leaders last saw (``Client.unowned``)
 
 
 class Client:
@@ -86,6 +87,13 @@ class Client:
         with self.store.transaction() as tx:
             return repo.list_jobs(tx, job_id=job_id, selector=selector)
 
+    def unowned(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        """The ``dj-`` Slurm jobs whose id this database never had (a neighbouring
+        deployment's on the same Slurm account), as each cluster's leader last saw
+        them: never written by this deployment."""
+        with self.store.transaction() as tx:
+            return [u.to_json() for u in repo.list_unowned(tx, cluster)]
+
     def describe(self, job_id: str | None = None) -> Description:
         """The leader lease and (with ``job_id``) the job's submissions and events, read
         in one transaction."""
@@ -93,7 +101,8 @@ class Client:
             leader = read_lease(tx)
             leases = tuple(read_leases(tx))
             if job_id is None:
-                return Description(leader, leases=leases)
+                return Description(leader, leases=leases,
+                                   unowned=len(repo.list_unowned(tx)))
             (view,) = repo.list_jobs(tx, job_id=job_id)
             return Description(leader, view, tuple(repo.list_submissions(tx, job_id)),
                                tuple(repo.list_events(tx, job_id)), leases=leases)

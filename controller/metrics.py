@@ -73,6 +73,9 @@ class Families:
         self.duplicates = Counter("dispatch_duplicates_cancelled_total",
                                   "Extra Slurm jobs of one dispatch job cancelled.", c,
                                   registry=r)
+        self.unowned = Gauge("dispatch_unowned_jobs", "Live dj- Slurm jobs of the Slurm user "
+                             "whose id this database never had (a neighbouring "
+                             "deployment's): never written.", c, registry=r)
         self.action_errors = Counter("dispatch_action_errors_total", "Slurm actions that "
                                      "failed, by action.", [*c, "action"], registry=r)
         self.tick_duration = Histogram("dispatch_tick_duration_seconds", "Reconcile tick "
@@ -151,6 +154,7 @@ class Metrics:
         self.resubmissions = Bound(f.resubmissions, cluster)
         self.endings = Bound(f.endings, cluster)
         self.duplicates = f.duplicates.labels(cluster=cluster)
+        self.unowned = f.unowned.labels(cluster=cluster)
         self.action_errors = Bound(f.action_errors, cluster)
         self.tick_duration = f.tick_duration.labels(cluster=cluster)
         self.last_tick = f.last_tick.labels(cluster=cluster)

@@ -93,6 +93,39 @@ def test_submit_writes_the_database_and_get_reads_it(tmp_path: Path,
     assert code == 1 and "no job" in err
 
 
+def test_get_unowned_lists_a_neighbours_jobs(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """What a leader's read found of dj- jobs this database never had: listed, counted
+    by describe, never this deployment's."""
+    from controller.model.obs import Cause, ObjectObs, ObjectRef, Source, State
+    from controller.store import repo
+    from controller.store.db import Store
+
+    config = tmp_path / "c.toml"
+    url = f"sqlite:///{tmp_path}/d.db"
+    config.write_text(f'[database]\nurl = "{url}"\n')
+    assert _run(["migrate", "--config", str(config)], capsys)[0] == 0
+    ref = ObjectRef("lab", "dj-01JZ8Q2N5V0000000000000009", 4242, 1_800_000_000)
+    obs = ObjectObs(ref=ref, state=State.RUNNING, cause=Cause(), submission=1, attempt=0,
+                    foreign=False, restart_count=0, hold_instance=None, requeued=False,
+                    exit_code=None, nodes=(), reason="", submit=ref.submit, start=None,
+                    end=None, source=Source.LIVE, observed_at=ref.submit)
+    store = Store(url)
+    with store.transaction() as tx:
+        repo.save_unowned(tx, "lab", [obs], now=1_800_000_000)
+    store.dispose()
+    code, out, _ = _run(["get", "--unowned", "--config", str(config)], capsys)
+    assert code == 0 and out.splitlines()[0].split() == [
+        "CLUSTER", "SLURM-ID", "NAME", "STATE", "SEEN"]
+    assert out.splitlines()[1].split()[:4] == ["lab", "4242", ref.uid, "running"]
+    code, out, _ = _run(["get", "--unowned", "-o", "json", "--config", str(config)], capsys)
+    assert code == 0 and [u["slurm_job_id"] for u in json.loads(out)["items"]] == [4242]
+    code, out, _ = _run(["describe", "--config", str(config)], capsys)
+    assert code == 0 and "Unowned:     1 dj- Slurm job(s)" in out
+    code, _, err = _run(["get", "--unowned", "-l", "a=b", "--config", str(config)], capsys)
+    assert code == 2 and "unowned" in err
+
+
 @pytest.mark.parametrize(("doc", "extra", "field"), [
     pytest.param({"workdir": "/w"}, [], "command", id="no-command"),
     pytest.param({"command": [], "workdir": "/w"}, [], "command", id="empty-command"),

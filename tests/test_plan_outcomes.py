@@ -18,8 +18,9 @@ from controller.reconcile.plan import (
     PlanContext,
     Submit,
     VerifyOutputs,
-    orphans,
+    no_object_yet,
     plan,
+    sweep,
 )
 
 JOB = "01JZ8Q2N5V0000000000000000"
@@ -111,12 +112,36 @@ def test_outputs_checked_by_the_tick_then_decided_by_the_plan() -> None:
     assert missing.status.budgets_used == {"missing-output": 1}
 
 
-def test_orphans_are_our_live_objects_no_tracked_record_owns() -> None:
-    live = {JOB: [obs(JOB, State.RUNNING)],
-            OTHER: [obs(OTHER, State.GATED, slurm_id=7),
-                    obs(OTHER, State.RUNNING, slurm_id=8, foreign=True),
-                    obs(OTHER, State.ENDED, slurm_id=9, cause=CauseKind.COMPLETED)]}
-    (cancel,) = orphans(live, {JOB})
-    assert isinstance(cancel, Cancel)
-    assert (cancel.job_id, cancel.ref.id, cancel.cause) == (OTHER, 7, CauseKind.DUPLICATE)
-    assert orphans(live, {JOB, OTHER}) == []
+@pytest.mark.parametrize(("tracked", "known", "cancelled", "unowned", "again"), [
+    pytest.param(set(), {OTHER}, [7], [], [], id="known-finished-or-deleted-cancelled"),
+    pytest.param(set(), set(), [], [7], [], id="never-ours-a-neighbours-untouched"),
+    pytest.param({OTHER}, {OTHER}, [], [], [OTHER], id="tracked-again-left-to-its-plan"),
+])
+def test_the_sweep_writes_only_what_this_database_knows(
+        tracked: set[str], known: set[str], cancelled: list[int], unowned: list[int],
+        again: list[str]) -> None:
+    strays = {OTHER: [obs(OTHER, State.GATED, slurm_id=7),
+                      obs(OTHER, State.RUNNING, slurm_id=8, foreign=True),
+                      obs(OTHER, State.ENDED, slurm_id=9, cause=CauseKind.COMPLETED)]}
+    decided = sweep(strays, tracked=tracked, known=known)
+    assert [c.ref.id for c in decided.cancels] == cancelled
+    assert all(isinstance(c, Cancel) and c.cause == CauseKind.DUPLICATE
+               for c in decided.cancels)
+    assert [o.ref.id for o in decided.unowned] == unowned
+    assert list(decided.tracked) == again
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    pytest.param({}, True, id="unseen-new-row"),
+    pytest.param({"has_status": True}, False, id="has-a-status"),
+    pytest.param({"last_read": None}, False, id="nothing-read-yet"),
+    pytest.param({"last_read": {JOB}}, False, id="seen-in-the-last-read"),
+    pytest.param({"started_since_read": {JOB}}, False, id="started-since-that-read-began"),
+    pytest.param({"tombstoned": {JOB}}, False, id="written-again-after-a-delete"),
+])
+def test_which_new_jobs_can_have_no_object_yet(kwargs: dict[str, object],
+                                               expected: bool) -> None:
+    args: dict[str, object] = {"has_status": False, "last_read": set(),
+                               "started_since_read": set(), "tombstoned": set(), **kwargs}
+    assert no_object_yet(JOB, **args) is expected  # type: ignore[arg-type]
+

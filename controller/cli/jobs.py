@@ -92,6 +92,10 @@ def _configure_get(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", nargs="?", help="one job id (default: all jobs)")
     parser.add_argument("-l", "--selector", help="label selector, k=v[,k=v]")
     parser.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
+    parser.add_argument("--unowned", action="store_true",
+                        help="list the dj- Slurm jobs whose id this database never had (a "
+                             "neighbouring deployment's on the same Slurm account): never "
+                             "written by this one")
 
 
 def _age(now: float, then: int) -> str:
@@ -102,7 +106,33 @@ def _age(now: float, then: int) -> str:
     return f"{secs}s"
 
 
+def _table(headers: list[str], rows: list[list[str]], streams: Streams) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    for line in [headers, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(),
+              file=streams.stdout)
+
+
+def _get_unowned(args: argparse.Namespace, streams: Streams) -> int:
+    if args.id or args.selector:
+        raise ErrInvalid("--unowned lists Slurm jobs, not this database's: no ID or -l",
+                         field="unowned")
+    with open_client(config_of(args)) as client:
+        found = client.unowned()
+    if args.output == "json":
+        print(json.dumps({"items": found}, indent=2, sort_keys=True), file=streams.stdout)
+        return EXIT_OK
+    now = time.time()
+    _table(["CLUSTER", "SLURM-ID", "NAME", "STATE", "SEEN"],
+           [[u["cluster"], str(u["slurm_job_id"]), u["name"], u["state"],
+             _age(now, u["seen_at"]) + " ago"] for u in found], streams)
+    return EXIT_OK
+
+
 def _get(args: argparse.Namespace, streams: Streams) -> int:
+    if args.unowned:
+        return _get_unowned(args, streams)
     selector = repo.parse_selector(args.selector) if args.selector else None
     with open_client(config_of(args)) as client:
         views = client.views(job_id=args.id, selector=selector)
@@ -122,11 +152,7 @@ def _get(args: argparse.Namespace, streams: Streams) -> int:
         if args.output == "wide":
             row += [v.object_state or "-", v.nodes or "-", v.reason or "-", v.desired]
         rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-    for line in [headers, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(),
-              file=streams.stdout)
+    _table(headers, rows, streams)
     return EXIT_OK
 
 
@@ -154,6 +180,10 @@ def _describe(args: argparse.Namespace, streams: Streams) -> int:
               + shard, file=out)
     view = found.job
     if view is None:
+        if found.unowned:
+            print(f"Unowned:     {found.unowned} dj- Slurm job(s) of ids this database never "
+                  "had (a neighbouring deployment's; never written): dispatchctl get "
+                  "--unowned", file=out)
         return EXIT_OK
     print(f"ID:          {view.id}", file=out)
     print(f"Phase:       {view.phase}", file=out)

@@ -15,7 +15,9 @@ and applies the result. Every decision is recomputed from desired + observed sta
   when its decision may change only because time passed (``Plan.recheck_at``, as
   controller-runtime's ``RequeueAfter``): planning again before then gives the same
   plan, up to the clock values the plan writes (condition ``since``, deadlines);
-* ``orphans`` is the sweep of our live Slurm jobs that no tracked record owns.
+* ``sweep`` decides what to do with our-format Slurm jobs no tracked record owns
+  (ownership: only ids this database knows are ever written), and ``no_object_yet``
+  which new jobs may be planned before the tick's live read.
 """
 
 from __future__ import annotations
@@ -178,14 +180,52 @@ def counts_as_ended(obs: ObjectObs) -> bool:
         obs.cause.kind == CauseKind.UNKNOWN and obs.source == Source.LIVE)
 
 
-def orphans(live_by_job_id: Mapping[str, Sequence[ObjectObs]],
-            tracked_ids: Container[str]) -> list[Cancel]:
-    """Our live Slurm jobs (``dj-`` name and our comment) that no tracked record owns:
-    the late object of an abandoned intent after its job ended, or of a deleted job.
-    Each is cancelled as a duplicate. Foreign objects are never touched."""
-    return [Cancel(job_id, o.ref, CauseKind.DUPLICATE)
-            for job_id, seen in sorted(live_by_job_id.items()) if job_id not in tracked_ids
-            for o in seen if not o.foreign and not counts_as_ended(o)]
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What to do with our-format ``dj-`` Slurm jobs that no job of the tick owned."""
+
+    cancels: tuple[Cancel, ...] = ()  # objects of ids this database knows: stopped
+    unowned: tuple[ObjectObs, ...] = ()  # ids this database never had: never written
+    tracked: tuple[str, ...] = ()  # ids tracked again since the read: their plans decide
+
+
+def sweep(strays: Mapping[str, Sequence[ObjectObs]], *, tracked: Container[str],
+          known: Container[str]) -> Sweep:
+    """Ownership (SPEC §6.2): a live ``dj-`` job that carries our comment but belongs to
+    no tracked job is cancelled as a duplicate only when this database knows its id --
+    a row that finished (the late object of an abandoned intent) or a tombstone (a row
+    deleted while its job lived). An id this database never had is a neighbouring
+    deployment's on the same Slurm account: counted and shown, never written. An id that
+    is tracked again (a row written since the read) is left to its next plan, which
+    adopts. Foreign objects (our name, not our comment) are never touched."""
+    cancels: list[Cancel] = []
+    unowned: list[ObjectObs] = []
+    again: list[str] = []
+    for job_id, seen in sorted(strays.items()):
+        live = [o for o in seen if not o.foreign and not counts_as_ended(o)]
+        if not live:
+            continue
+        if job_id in tracked:
+            again.append(job_id)
+        elif job_id in known:
+            cancels.extend(Cancel(job_id, o.ref, CauseKind.DUPLICATE) for o in live)
+        else:
+            unowned.extend(live)
+    return Sweep(tuple(cancels), tuple(unowned), tuple(again))
+
+
+def no_object_yet(job_id: str, *, has_status: bool, last_read: Container[str] | None,
+                  started_since_read: Container[str], tombstoned: Container[str]) -> bool:
+    """Whether no Slurm object can belong to a job, so that planning it with no
+    observation is what the live read would give it (the tick may then plan and submit
+    it before the read returns): no status row (no intent was ever committed for it, and
+    every sbatch of ours follows one); a complete live read of this leadership
+    (``last_read``: the ids it saw; None: none yet) that did not see its name; no Start
+    of ours for it since that read began; and no tombstone (a row deleted and written
+    again under the same id may have objects of its earlier life, which the read shows
+    and its plan adopts)."""
+    return (not has_status and last_read is not None and job_id not in last_read
+            and job_id not in started_since_read and job_id not in tombstoned)
 
 
 def set_condition(conditions: Sequence[Condition], *, type_: str, status: bool, reason: str,

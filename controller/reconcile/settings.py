@@ -48,5 +48,11 @@ class ReconcileConfig:
             "of a burst waits for the next tick, which follows at once, so reads, "
             "cancels and new rows are acted on between slices (new rows first)")
 
+    tombstone_ttl_s: int = setting(
+        7 * 24 * 3600, unit="s", minimum=60, maximum=_HUNDRED_YEARS_S,
+        doc="how long the database remembers a deleted job row (its tombstone): its live "
+            "Slurm jobs are stopped as this deployment's, and its id written again is "
+            "read before it is submitted, for this long")
+
 
 DEFAULTS = ReconcileConfig()

@@ -52,12 +52,11 @@ planned first, so a new leader's first Slurm write comes after one chunk, not af
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 import zlib
 from collections import Counter as CountOf
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -69,7 +68,6 @@ from controller.errors import (
     ErrInvalid,
     ErrUnsupported,
     LeaseLost,
-    ProtocolError,
     TransientError,
 )
 from controller.metrics import Metrics
@@ -100,9 +98,10 @@ from controller.reconcile.plan import (
     Submit,
     VerifyOutputs,
     cancel_needs_accounting,
-    orphans,
+    no_object_yet,
     plan,
     same_object,
+    sweep,
 )
 from controller.reconcile.ports import ClusterStats, Fence, NoFence, SlurmPort
 from controller.reconcile.settings import ReconcileConfig
@@ -160,6 +159,9 @@ class Reconciler:
         self._ticks = 0  # ticks begun: a _Memo's birth, for new-rows-first
         # the leader lease: fences every write transaction and every Slurm write
         self.fence: Fence = fence if fence is not None else NoFence()
+        # the fence of the tick in progress: the lease at the epoch the tick began with
+        # (``Fence.pin``): a lease lost and taken again behind it fences it out
+        self._fence: Fence = self.fence
         self.adapter = adapter
         self.metrics = metrics
         self.clock = clock
@@ -176,6 +178,16 @@ class Reconciler:
         # the dispatch job ids that had any object of ours in the last complete live read
         # of this leadership; None: none yet (``_fresh``)
         self._seen: set[str] | None = None
+        # the ids Started since the read behind ``_seen`` began (their objects may be
+        # missing from it)
+        self._started_since_read: set[str] = set()
+        self._started_since_read_before: set[str] = set()
+        # the action outcomes not planned yet, by job id (``_note_outcome``): they live
+        # and die with the tracked job (``_forget_jobs``)
+        self._outcomes: dict[str, list[Outcome]] = {}
+        # the ids of the unowned objects last saved (``_sweep``): saved again on change
+        self._unowned: frozenset[tuple[str, int]] | None = None
+        self._pruned_at = 0  # when tombstones were last pruned
         self._epoch = 0  # moves when a plan input shared by every job changes
         self._epoch_key: tuple[object, ...] | None = None
         self._warned = False
@@ -188,6 +200,9 @@ class Reconciler:
         self._memos = {}
         self._validated = {}
         self._seen = None
+        self._started_since_read = set()
+        self._outcomes = {}
+        self._unowned = None
         self._loaded = False
         self._epoch_key = None
 
@@ -211,25 +226,19 @@ class Reconciler:
     def _write(self) -> Iterator[Any]:
         """A write transaction, fenced: its first statement checks that the lease is still
         ours (``LeaseLost`` rolls it back whole)."""
-        self.fence.refresh()  # a long tick keeps its lease between two writes
+        self._fence.refresh()  # a long tick keeps its lease between two writes
         with self.store.transaction() as tx:
-            self.fence.check(tx)
+            self._fence.check(tx)
             yield tx
 
     async def tick(self) -> TickReport:
         started = time.perf_counter()
         report = TickReport()
-        # A tick allocates (and frees) a few objects per tracked job, while the reconciler
-        # keeps a few dozen per job across ticks: the cyclic collector would traverse all
-        # of those (a second at 100k jobs) again and again for garbage that reference
-        # counting frees anyway. It is held off for the tick, and runs normally between.
-        collecting = gc.isenabled()
-        gc.disable()
+        # every write of this tick is fenced on the epoch it begins with
+        self._fence = self.fence.pin()
         try:
             await self._tick(report)
         finally:
-            if collecting:
-                gc.enable()
             report.duration_s = time.perf_counter() - started
             self.metrics.tick_duration.observe(report.duration_s)
         result = "ok" if report.slurm_ok else "slurm-unreachable"
@@ -278,20 +287,37 @@ class Reconciler:
             # with it every list of a 100k-job read
             try:
                 found.append(await self.adapter.find_many(wanted, strays=strays))
+            except DispatchError:
+                self.metrics.slurm_up.set(0)  # seen now, not when the tick ends
+                raise
             finally:
                 read_done.append(time.perf_counter())
 
+        # the Starts made since the last read began may be missing from ``_seen``; those
+        # of this tick (and later ones) may be missing from this read
+        self._started_since_read_before = self._started_since_read
+        self._started_since_read = set()
         read = asyncio.ensure_future(read_live())
         fresh: set[str] = set()
+        before = asyncio.ensure_future(self._fresh(memos, ctx, epoch=epoch, slots=slots,
+                                                   report=report, began=began))
+        # a failed read stops the Starts made before it at once (the slurmctld they wait
+        # on is likely down): their intents are committed, so the next tick adopts or
+        # abandons whatever they made -- the shard's tick is never held by them
+        read.add_done_callback(lambda done: done.cancelled() or done.exception() is None
+                               or before.cancel())
         try:
-            await asyncio.sleep(0)  # the read is under way
-            fresh, slots = await self._fresh(memos, ctx, epoch=epoch, slots=slots,
-                                             report=report, began=began)
+            try:
+                fresh, slots = await before
+            except asyncio.CancelledError:
+                if not read.done() or read.cancelled() or read.exception() is None:
+                    raise  # the tick itself was cancelled
+                report.deferred += 1
         finally:
             try:
                 await read
                 live = found.pop()
-            except (TransientError, ProtocolError) as exc:
+            except DispatchError as exc:
                 report.slurm_ok = False
                 report.errors.append(f"live read: {exc}")
                 self.metrics.slurm_up.set(0)
@@ -326,9 +352,10 @@ class Reconciler:
         self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] += time.perf_counter() - t0
 
-        planned_before = report.planned  # by ``_fresh``: then no chunk goes unbudgeted
+        # the first chunk always goes, whatever ``_fresh`` spent: jobs with a status
+        # (cancels, endings, resubmissions) are never starved by a stream of new rows
         for start in range(0, len(todo), chunk):
-            if (start or planned_before) and self._spent(began):
+            if start and self._spent(began):
                 # the rest waits for the next tick, at once: a tick stays well inside
                 # its lease, and the next one reads Slurm again first
                 report.deferred += len(todo) - start
@@ -347,8 +374,8 @@ class Reconciler:
 
         self._validated = self._carried
         t0 = time.perf_counter()
-        await self._sweep(orphans(strays, memos), report)
-        report.replan_soon = bool(self._outcome_book()) or report.deferred > 0
+        await self._sweep(strays, memos, report, now)
+        report.replan_soon = bool(self._outcomes) or report.deferred > 0
         report.timings["apply"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         self._refresh_gauges(now)
@@ -376,11 +403,21 @@ class Reconciler:
         if self._seen is None:
             return set(), slots
         t0 = time.perf_counter()
-        seen, pending = self._seen, self._outcome_book()
-        todo = [_Todo(job_id, memo, _NO_OBS) for job_id, memo in memos.items()
-                if memo.status_version is None and not memo.elsewhere
-                and memo.valid is not False and job_id not in seen
-                and job_id not in pending and is_job_id(job_id)]
+        seen, pending = self._seen, self._outcomes
+        started = self._started_since_read_before
+        candidates = [job_id for job_id, memo in memos.items()
+                      if memo.status_version is None and not memo.elsewhere
+                      and memo.valid is not False and job_id not in pending
+                      and is_job_id(job_id)
+                      and no_object_yet(job_id, has_status=False, last_read=seen,
+                                        started_since_read=started, tombstoned=())]
+        if candidates:
+            with self.store.transaction() as tx:
+                gone = repo.tombstoned(tx, candidates)
+            candidates = [job_id for job_id in candidates
+                          if no_object_yet(job_id, has_status=False, last_read=seen,
+                                           started_since_read=started, tombstoned=gone)]
+        todo = [_Todo(job_id, memos[job_id], _NO_OBS) for job_id in candidates]
         if not todo:
             report.timings["select"] += time.perf_counter() - t0
             return set(), slots
@@ -418,7 +455,7 @@ class Reconciler:
                 try:
                     cur = job.state.current
                     acct_obs = acct.get(cur.ref) if cur and cur.ref else None
-                    item.outcomes = tuple(self._outcome_book().get(job.state.job_id, ()))
+                    item.outcomes = tuple(self._outcomes.get(job.state.job_id, ()))
                     observed = Observed(live=tuple(item.seen), accounting=acct_obs,
                                         accounting_ok=acct_ok, outcomes=item.outcomes)
                     p = plan(job.state, observed, ctx)
@@ -457,6 +494,9 @@ class Reconciler:
                     await asyncio.sleep(0)
             report.timings["plan"] += time.perf_counter() - t0
             self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
+        except asyncio.CancelledError:
+            acts.cancel()  # (a failed read: ``_tick``) no Start of this chunk waits on
+            raise
         finally:
             # this chunk's actions end before the next chunk (or the tick's end), also
             # when a commit failed: nothing of this chunk acts after that
@@ -485,6 +525,8 @@ class Reconciler:
             report.full_load = True
             self._memos = {job_id: _Memo(version, status_version, born=born)
                            for job_id, version, status_version in rows}
+            for job_id in self._outcomes.keys() - self._memos.keys():
+                del self._outcomes[job_id]
             self._loaded = True
             return self._memos
         before = len(memos)
@@ -505,9 +547,16 @@ class Reconciler:
                 memos[job_id] = _Memo(version, status_version, born=memo.born,
                                       deferred_epoch=memo.deferred_epoch)
         if known != before:  # some finished or were deleted
-            for job_id in memos.keys() - {row[0] for row in rows}:
-                del memos[job_id]
+            self._forget_jobs(memos.keys() - {row[0] for row in rows})
         return memos
+
+    def _forget_jobs(self, job_ids: Iterable[str]) -> None:
+        """Jobs that left tracking (finished by another writer, deleted): their memory
+        and their action outcomes go with them (an outcome never planned would keep
+        the shard ticking back to back)."""
+        for job_id in list(job_ids):
+            self._memos.pop(job_id, None)
+            self._outcomes.pop(job_id, None)
 
     def _plan_epoch(self, ctx: PlanContext) -> int:
         """A number that moves whenever a plan input shared by every job changes."""
@@ -525,7 +574,7 @@ class Reconciler:
         todo: list[_Todo] = []
         skipped = 0
         observed = live.get
-        pending = self._outcome_book()  # a job with an action outcome is always planned
+        pending = self._outcomes  # a job with an action outcome is always planned
         for job_id, memo in self._memos.items():
             if memo.elsewhere or job_id in planned:
                 # another shard's, until its row moves (``_with_rows``); or planned
@@ -553,7 +602,7 @@ class Reconciler:
         per job and tick. Any other job (a row new or changed since, a stop) is planned
         as ever, ahead of them or not as the order says."""
         room = max(1, self.settings.submit_slice)
-        pending = self._outcome_book()
+        pending = self._outcomes
         kept: list[_Todo] = []
         for item in todo:
             memo = item.memo
@@ -575,7 +624,7 @@ class Reconciler:
         the first chunk's commit instead of after the last."""
         with self.store.transaction() as tx:
             urgent = repo.changed_after_status(tx)  # desired (or spec) changed
-        urgent.update(self._outcome_book())
+        urgent.update(self._outcomes)
         fresh = not report.full_load  # versions moved since the last plan: a new _Memo
         todo.sort(key=_newest_first)
         todo.sort(key=lambda item: not _likely_to_act(item, urgent, fresh=fresh))
@@ -598,7 +647,7 @@ class Reconciler:
             if item.row is None:
                 job = rows.get(item.job_id)
                 if job is None:
-                    self._memos.pop(item.job_id, None)
+                    self._forget_jobs([item.job_id])
                     continue
                 memo = item.memo
                 if self._elsewhere(job):
@@ -735,7 +784,7 @@ class Reconciler:
                 for job, p in plans), now=now, cluster=self.here)
             repo.save_submissions(tx, [(upd, p.status.attempt) for _, p in plans
                                        for upd in p.submissions], now=now,
-                                  epoch=self.fence.epoch)
+                                  epoch=self._fence.epoch)
             events: list[PlannedEvent] = []
             for job, p in plans:
                 if p.status.spec is None and job.state.job_id in written:
@@ -815,7 +864,7 @@ class Reconciler:
                 if acts.lost:
                     return  # the lease is gone: act no more, the next leader will
                 try:
-                    self.fence.guard()
+                    self._fence.guard()
                     ref = await self._apply_one(job, action, now)
                     if ref is not None:
                         acts.releases.append((job, Release(job.job_id, ref)))
@@ -834,16 +883,30 @@ class Reconciler:
                     if isinstance(exc, TransientError):
                         break
 
-    async def _sweep(self, cancels: Sequence[Cancel], report: TickReport) -> None:
-        """Cancel our live ``dj-`` objects that no tracked record owns (the late object of
-        an abandoned intent after its job ended, or of a deleted job): from the same
-        squeue read, every tick, each behind the adapter's identity check."""
+    async def _sweep(self, strays: dict[str, list[ObjectObs]], memos: Container[str],
+                     report: TickReport, now: int) -> None:
+        """Our-format live ``dj-`` objects that no job of this tick owned (``strays``, from
+        the tick's one squeue read): ownership is asked of the database now, not taken
+        from the tick's start (a row written again meanwhile is tracked: its plan adopts
+        its object), and the planner decides (``plan.sweep``): an id this database knows
+        (a finished row, a tombstone) is cancelled behind the identity check; one it
+        never had is a neighbour's -- counted, listed, never written."""
+        ids = [job_id for job_id in strays if job_id not in memos]
+        tracked: set[str] = set()
+        known: set[str] = set()
+        if ids:
+            with self.store.transaction() as tx:
+                tracked, known = repo.ownership(tx, ids)
+        decided = sweep({job_id: strays[job_id] for job_id in ids}, tracked=tracked,
+                        known=known)
+        self._save_unowned(decided.unowned, now)
+        self._prune_tombstones(now)
         gate = asyncio.Semaphore(self.settings.action_concurrency)
 
         async def cancel(action: Cancel) -> None:
             async with gate:
                 try:
-                    self.fence.guard()
+                    self._fence.guard()
                     await self.adapter.stop(action.ref)
                 except LeaseLost:
                     raise
@@ -853,13 +916,49 @@ class Reconciler:
                     return
                 report.actions["sweep"] += 1
                 self.metrics.duplicates.inc()
-                log.info("cancelled a Slurm job that no record owns",
+                log.info("cancelled a Slurm job of a finished or deleted record",
                          extra={"job": action.job_id, "slurm_id": action.ref.id})
                 self._record_event(action.job_id, "OrphanCancelled",
                                    f"Slurm job {action.ref.id} belongs to no tracked "
                                    "submission: cancelled")
 
-        await asyncio.gather(*(cancel(c) for c in cancels))
+        await asyncio.gather(*(cancel(c) for c in decided.cancels))
+
+    def _save_unowned(self, unowned: Sequence[ObjectObs], now: int) -> None:
+        """Count the neighbours' jobs, and list them in the database when the set
+        changed (``dispatchctl get --unowned``)."""
+        self.metrics.unowned.set(len(unowned))
+        key = frozenset((o.ref.uid, o.ref.id) for o in unowned)
+        if key == self._unowned:
+            return
+        if unowned and not self._unowned:
+            log.warning("dj- Slurm jobs of ids this database never had: a neighbouring "
+                        "deployment's on the same Slurm account; never written",
+                        extra={"count": len(unowned),
+                               "slurm_ids": [o.ref.id for o in unowned[:20]]})
+        try:
+            with self._write() as tx:
+                repo.save_unowned(tx, self.adapter.cluster, unowned, now=now)
+        except LeaseLost:
+            raise
+        except DispatchError as exc:
+            log.warning("could not save the unowned jobs", extra={"error": str(exc)})
+            return
+        self._unowned = key
+
+    def _prune_tombstones(self, now: int) -> None:
+        """Drop expired tombstones, at most once an hour."""
+        if now - self._pruned_at < 3600:
+            return
+        self._pruned_at = now
+        try:
+            with self._write() as tx:
+                repo.prune_tombstones(
+                    tx, before_ms=(now - self.settings.tombstone_ttl_s) * 1000)
+        except LeaseLost:
+            raise
+        except DispatchError as exc:
+            log.warning("could not prune tombstones", extra={"error": str(exc)})
 
     def _record_event(self, job_id: str, kind: str, message: str) -> None:
         try:
@@ -895,6 +994,7 @@ class Reconciler:
     async def _submit(self, job: JobState, action: Submit) -> ObjectRef | None:
         """Start the job gated and record its ref; the ref to release (desired run)
         once this call's Starts are done, or None (held, or a duplicate cancelled)."""
+        self._started_since_read.add(action.job_id)  # (``no_object_yet``)
         request = StartRequest(job_id=JobID(action.job_id), generation=job.generation,
                                submission=action.submission, attempt=action.attempt,
                                spec=action.spec, gate=True, extra_exclude=action.exclude)
@@ -965,24 +1065,16 @@ class Reconciler:
 
     # ------------------------------------------------------------ action outcomes
 
-    def _outcome_book(self) -> dict[str, list[Outcome]]:
-        """The action outcomes not planned yet, by job id (kept in memory only: a lost
-        outcome costs one more adopt window or one more check, never a wrong status)."""
-        book: dict[str, list[Outcome]] | None = getattr(self, "_outcomes", None)
-        if book is None:
-            book = {}
-            self._outcomes = book
-        return book
-
     def _note_outcome(self, job_id: str, outcome: Outcome) -> None:
         """What an action found, for the next plan of ``job_id``: that job is planned on
         the next tick whatever the skip analysis says, and ``TickReport.replan_soon`` asks
         for that tick early."""
-        self._outcome_book().setdefault(job_id, []).append(outcome)
+        if job_id in self._memos:  # (a job that left tracking meanwhile: nothing to plan)
+            self._outcomes.setdefault(job_id, []).append(outcome)
 
     def _spend_outcomes(self, job_id: str, spent: Sequence[Outcome]) -> None:
         """Drop the outcomes a committed plan was given (not any noted since)."""
-        book = self._outcome_book()
+        book = self._outcomes
         left = [o for o in book.get(job_id, ()) if not any(o is s for s in spent)]
         if left:
             book[job_id] = left
@@ -1042,6 +1134,12 @@ class _Acts:
 
     def started(self, wave: asyncio.Future[list[None]]) -> None:
         self._waves.append((wave, time.perf_counter()))
+
+    def cancel(self) -> None:
+        """Stop the waves in flight (their intents are committed: the next tick adopts
+        or abandons whatever their Starts made)."""
+        for wave, _ in self._waves:
+            wave.cancel()
 
     async def room(self) -> None:
         """Wait until fewer than ``DEPTH`` waves are in flight (memory stays bounded
