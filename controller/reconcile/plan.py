@@ -228,6 +228,15 @@ def no_object_yet(job_id: str, *, has_status: bool, last_read: Container[str] | 
             and job_id not in started_since_read and job_id not in tombstoned)
 
 
+def postponable(*, has_status: bool, seen: Sequence[ObjectObs], waiting: bool) -> bool:
+    """Whether a job whose plan is a Submit may wait, unread and unplanned, until the
+    submit slice has room: planning it again could only give that Submit again -- no
+    status row (no intent, so no object of ours), nothing of it in the tick's read, and
+    no action outcome ``waiting`` for its plan. The tick drops such a Submit past the
+    slice and keeps its memo marked; while this still holds, the job waits unread."""
+    return not has_status and not seen and not waiting
+
+
 def set_condition(conditions: Sequence[Condition], *, type_: str, status: bool, reason: str,
                   message: str, now: int, generation: int) -> tuple[Condition, ...]:
     """Replace condition ``type_``; keep ``since`` unless the status flips."""
