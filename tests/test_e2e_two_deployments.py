@@ -89,7 +89,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.postgres, pytest.mark.slow]
 # scripts/slurm-ctl: DS_LOG=$DS_BASE/log, SlurmctldLogFile=$DS_LOG/slurmctld.log
 SLURMCTLD_LOG = Path("/var/lib/dispatch-slurm/log/slurmctld.log")
 UNOWNED = "dispatch_unowned_jobs"  # the fix's gauge (issue 18): live dj- jobs of neighbours
-SWEEP_LINE = "cancelled a Slurm job that no record owns"  # the defect's log line
+# the sweep's log line: before the fix "cancelled a Slurm job that no record owns", now
+# only for jobs of a finished or deleted row of the same database
+SWEEP_LINE = "cancelled a Slurm job of a finished or deleted record"
 WAIT_S = 90  # any one condition of the choreography
 OK_TICKS = metric_key("dispatch_ticks_total", result="ok")
 LEADER = metric_key("dispatch_leader")
