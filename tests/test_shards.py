@@ -423,3 +423,26 @@ async def test_the_keeper_takes_no_shard_whose_tick_is_still_running(
     async with shard._tick_lock:  # its tick is still running
         assert shard not in d._orphans()
     assert shard in d._orphans()
+
+
+async def test_a_leader_whose_cluster_is_unreachable_is_not_ready(sqlite_store: Store) -> None:
+    """/readyz follows the live read: one failed read makes the leader's shard not
+    ready (within one tick, not after three intervals), one good read makes it ready."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": name} for name in NAMES[:2]]})
+    clock = [float(NOW)]
+    d = replica(sqlite_store, config, clock)
+    d.count_replicas()
+    await d.tick_once()
+    shard = d.shards[0]
+    assert shard.status(60)[0]
+    fake = shard.adapter
+    assert isinstance(fake, Cluster)
+    fake.fail_live = True
+    await d.tick_once()
+    ok, why = shard.status(60)
+    assert not ok and "unreachable" in why
+    assert d.shards[1].status(60)[0]  # the other cluster's shard is not affected
+    fake.fail_live = False
+    await d.tick_once()
+    assert shard.status(60)[0]

@@ -251,14 +251,17 @@ class Shard:
 
     def status(self, limit_s: float) -> tuple[bool, str]:
         """Readiness of this shard: it has tried its lease (before that the daemon does
-        not know whether it leads: starting), and a leader must have ticked within
-        ``limit_s``; a standby is ready."""
+        not know whether it leads: starting); a leader's last live read succeeded (a
+        dead slurmctld shows within one tick) and it ticked within ``limit_s``; a standby
+        is ready."""
         seen = self.seen
         who = f"holder={seen.holder} epoch={seen.epoch}" if seen else "no lease yet"
         if not self.tried and not self.lease.held:
             return False, "starting: the lease not tried yet"
         if not self.lease.held:
             return True, f"standby (not leader); {who}"
+        if self.reconciler.slurm_ok is False:  # (from the read, not the tick's end)
+            return False, f"the cluster is unreachable: the last live read failed; {who}"
         last = self.reconciler.last_success
         if last is None or self.clock() - last > limit_s:
             return False, f"no successful tick recently; {who}"

@@ -147,6 +147,9 @@ class Reconciler:
         self.settings = settings or TickSettings()
         self.cluster_stats: ClusterStats | None = None
         self.last_success: float | None = None
+        # whether the last live read succeeded (None: none made yet): set as soon as the
+        # read returns, before the tick ends (``dispatch_slurm_up``, ``/readyz``)
+        self.slurm_ok: bool | None = None
         # the action outcomes not planned yet: they live and die with their job
         self.outcomes = OutcomeBook()
         # what the last ticks learned of each tracked job (``controller.reconcile.memory``)
@@ -257,7 +260,8 @@ class Reconciler:
             try:
                 found.append(await self.adapter.find_many(wanted, strays=strays))
             except DispatchError:
-                self.metrics.slurm_up.set(0)  # seen now, not when the tick ends
+                self.slurm_ok = False  # seen now, not when the tick ends
+                self.metrics.slurm_up.set(0)
                 raise
             finally:
                 read_done.append(time.perf_counter())
@@ -295,6 +299,7 @@ class Reconciler:
                 log.warning("slurm live read failed; no job with a status changes this tick",
                             extra={"error": str(exc)})
             else:
+                self.slurm_ok = True
                 self.metrics.slurm_up.set(1)
                 self._seen = {job_id for job_id, seen in live.items() if seen}
                 self._seen.update(strays)
