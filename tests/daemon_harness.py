@@ -176,27 +176,34 @@ class SacctRecord:
     comment: str
     start: str
     exit_code: str
+    nodes: str = ""  # NodeList: "None assigned" for a job that never ran
 
 
 def sacct_records(names: set[str], *, since: str = "now-2hours") -> list[SacctRecord]:
     """Every accounting record (all users, duplicates of reused ids too) with one of ``names``."""
     out = subprocess.run(
         ["sacct", "-a", "-X", "-D", "-P", "-n", "-S", since,
-         "-o", "JobIDRaw,JobName%64,User,State,Comment%200,Start,ExitCode"],
+         "-o", "JobIDRaw,JobName%64,User,State,Comment%200,Start,ExitCode,NodeList%200"],
         check=True, capture_output=True, text=True, env={**os.environ, "TZ": "UTC"}).stdout
     recs = []
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) < 7 or parts[1] not in names:
+        if len(parts) < 8 or parts[1] not in names:
             continue
         recs.append(SacctRecord(int(parts[0]), parts[1], parts[2], parts[3].split()[0],
-                                parts[4], parts[5], parts[6]))
+                                parts[4], parts[5], parts[6], parts[7]))
     return recs
 
 
 def ran(rec: SacctRecord) -> bool:
-    """Did this Slurm job ever start running (a held duplicate cancelled never did)?"""
-    return rec.start not in ("Unknown", "None", "")
+    """Did this Slurm job ever start running (a held duplicate cancelled never did)? On
+    22.05 a job cancelled while pending gets its end time as Start, but no node."""
+    return rec.start not in ("Unknown", "None", "") and not never_ran(rec.nodes)
+
+
+def never_ran(nodes: str) -> bool:
+    """sacct's NodeList of a job that never ran."""
+    return nodes.strip() in ("", "None assigned")
 
 
 def squeue_names(user: str = "dispatch") -> list[tuple[int, str, str]]:

@@ -246,11 +246,13 @@ def started_runs(version: str, names: set[str]) -> dict[str, int]:
     """Per job name: how many of the cluster's sacct records of it (all users, duplicates
     of reused ids too) ever started."""
     out = as_root("sacct", "-a", "-X", "-D", "-P", "-n", "-S", "now-2hours",
-                  "-o", "JobName%64,Start", version=version).stdout
+                  "-o", "JobName%64,Start,NodeList%200", version=version).stdout
     counts = dict.fromkeys(names, 0)
     for line in out.splitlines():
-        name, _, start = line.partition("|")
-        if name in counts and start not in ("Unknown", "None", ""):
+        name, start, nodes = [*line.split("|"), "", ""][:3]
+        # (on 22.05 a job cancelled while pending gets its end time as Start, no node)
+        if name in counts and start not in ("Unknown", "None", "") \
+                and nodes.strip() not in ("", "None assigned"):
             counts[name] += 1
     return counts
 
