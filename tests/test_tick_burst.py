@@ -246,14 +246,14 @@ async def test_a_slice_is_started_a_wave_at_a_time_while_the_next_is_planned(
     fake = Slow(clock, commits)
     burst = add(sqlite_store, 12)
     r = rec(sqlite_store, fake, clock, submit_slice=12, action_concurrency=3)
-    commit = r._commit_plans
+    commit = r.applier.commit_plans
 
     def counting(plans: object, now: int) -> set[str]:
         out = commit(plans, now)  # type: ignore[arg-type]
         commits.append(len(plans))  # type: ignore[arg-type]
         return out
 
-    r._commit_plans = counting  # type: ignore[method-assign]
+    r.applier.commit_plans = counting  # type: ignore[method-assign]
     report = await r.tick()
     assert report.actions["submit"] == 12 and report.actions["release"] == 12
     assert commits == [3, 3, 3, 3]  # four waves of three intents

@@ -40,13 +40,13 @@ def add(store: Store, job_ids: Sequence[str]) -> None:
 def counted(commits: list[int], writes: list[tuple[str, int]], fake: FakeSlurm,
             rec: Reconciler) -> None:
     """Note how many chunks were committed when each Slurm write happens."""
-    commit = rec._commit_plans
+    commit = rec.applier.commit_plans
 
     def counting(plans: Any, now: int) -> set[str]:
         commits.append(len(plans))
         return commit(plans, now)
 
-    rec._commit_plans = counting  # type: ignore[method-assign]
+    rec.applier.commit_plans = counting  # type: ignore[method-assign]
     for name in ("start", "stop", "hold", "release"):
         method: Callable[..., Awaitable[Any]] = getattr(fake, name)
 

@@ -54,49 +54,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-from controller.coalesce import Coalescer
 from controller.errors import (
     DispatchError,
-    ErrBackPressure,
-    ErrInvalid,
-    ErrUnsupported,
-    LeaseLost,
-    TransientError,
 )
 from controller.metrics import Metrics
-from controller.model.ids import JobID, is_job_id
-from controller.model.job import (
-    TERMINAL_PHASES,
-    JobState,
-    PlannedEvent,
-)
+from controller.model.ids import is_job_id
 from controller.model.obs import (
     ObjectObs,
     ObjectRef,
-    StartRequest,
 )
 from controller.reconcile import gauges
+from controller.reconcile.apply import Applier
 from controller.reconcile.memory import NO_OBS, Memo, Memory, Todo, newest_first
 from controller.reconcile.outcomes import OutcomeBook
 from controller.reconcile.ownership import Sweeper
 from controller.reconcile.placement import Clusters
 from controller.reconcile.plan import (
-    Cancel,
-    CheckStarted,
-    Hold,
     Observed,
-    Outcome,
-    OutcomeKind,
     Plan,
     PlanContext,
-    Release,
     Submit,
-    VerifyOutputs,
     cancel_needs_accounting,
     no_object_yet,
     plan,
@@ -138,9 +120,6 @@ class Reconciler:
         self.budget_s = budget_s
         # the leader lease: fences every write transaction and every Slurm write
         self.fence: Fence = fence if fence is not None else NoFence()
-        # the fence of the tick in progress: the lease at the epoch the tick began with
-        # (``Fence.pin``): a lease lost and taken again behind it fences it out
-        self._fence: Fence = self.fence
         self.adapter = adapter
         self.metrics = metrics
         self.clock = clock
@@ -158,15 +137,16 @@ class Reconciler:
                              outcomes=self.outcomes)
         # ownership and the sweep of our-format jobs no tracked job owns
         self.sweeper = Sweeper(store, adapter, metrics=metrics, settings=self.settings)
+        # the database and Slurm writes of a tick's plans
+        self.applier = Applier(store, adapter, metrics=metrics, settings=self.settings,
+                               memory=self.memory, outcomes=self.outcomes, clock=clock,
+                               here=self.here)
         # the dispatch job ids that had any object of ours in the last complete live read
         # of this leadership; None: none yet (``_fresh``)
         self._seen: set[str] | None = None
-        # the ids Started since the latest read began, and since the one before it (the
-        # read behind ``_seen``): their objects may be missing from that read
-        self._started_since_read: set[str] = set()
+        # the ids Started since the read behind ``_seen`` began (``Applier.starts`` of
+        # that tick and the next): their objects may be missing from that read
         self._started_before_read: set[str] = set()
-        # the refs of Submits that return together are recorded in one transaction
-        self._records: Coalescer[_Recorded, bool] = Coalescer(self._record_many, limit=256)
 
     def forget(self) -> None:
         """Drop everything remembered across ticks: the next tick loads every job and
@@ -175,7 +155,7 @@ class Reconciler:
         self.outcomes.clear()
         self.sweeper.forget()
         self._seen = None
-        self._started_since_read = set()
+        self.applier.starts = set()
         self._started_before_read = set()
 
     async def prewarm(self) -> None:
@@ -194,20 +174,15 @@ class Reconciler:
     def now(self) -> int:
         return int(self.clock())
 
-    @contextmanager
-    def _write(self) -> Iterator[Any]:
-        """A write transaction, fenced: its first statement checks that the lease is still
-        ours (``LeaseLost`` rolls it back whole)."""
-        self._fence.refresh()  # a long tick keeps its lease between two writes
-        with self.store.transaction() as tx:
-            self._fence.check(tx)
-            yield tx
+    def _write(self) -> AbstractContextManager[Any]:
+        """A write transaction fenced on the tick's epoch (``Applier.write``)."""
+        return self.applier.write()
 
     async def tick(self) -> TickReport:
         started = time.perf_counter()
         report = TickReport()
         # every write of this tick is fenced on the epoch it begins with
-        self._fence = self.fence.pin()
+        self.applier.fence = self.fence.pin()
         try:
             await self._tick(report)
         finally:
@@ -268,8 +243,8 @@ class Reconciler:
 
         # the Starts made since the last read began may be missing from ``_seen``; those
         # of this tick (and later ones) may be missing from this read
-        self._started_before_read = self._started_since_read
-        self._started_since_read = set()
+        self._started_before_read = self.applier.starts
+        self.applier.starts = set()
         read = asyncio.ensure_future(read_live())
         fresh: set[str] = set()
         before = asyncio.ensure_future(self._fresh(memos, ctx, epoch=epoch, slots=slots,
@@ -349,7 +324,8 @@ class Reconciler:
         memory.end()
         t0 = time.perf_counter()
         await self.sweeper.run(strays, memos, report=report, now=now, write=self._write,
-                               guard=self._fence.guard, record_event=self._record_event)
+                               guard=self.applier.fence.guard,
+                               record_event=self.applier.record_event)
         report.replan_soon = bool(self.outcomes) or report.deferred > 0
         report.timings["apply"] += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -418,7 +394,7 @@ class Reconciler:
                           acct_ok: bool, *, ctx: PlanContext, epoch: int, slots: int,
                           report: TickReport) -> int:
         """Plan one chunk of jobs (their rows read), commit and act in waves
-        (``_launch``), then release its recorded Submits; the submit slots left."""
+        (``Applier.launch``), then release its recorded Submits; the submit slots left."""
         t0 = time.perf_counter()
         acts = Acts(self.settings.action_concurrency)
         plans: list[tuple[repo.LoadedJob, Plan]] = []
@@ -458,7 +434,7 @@ class Reconciler:
                     # a wave of Submits: committed and started now, while the rest
                     # of the chunk is planned (the Start batches never run dry)
                     report.timings["plan"] += time.perf_counter() - t0
-                    self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
+                    self.applier.launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
                     plans, outcomes, submits = [], [], 0
                     await acts.room()
                     await asyncio.sleep(0)  # the wave's Starts are queued now
@@ -468,7 +444,7 @@ class Reconciler:
                     # their outcomes handled while this one is planned
                     await asyncio.sleep(0)
             report.timings["plan"] += time.perf_counter() - t0
-            self._launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
+            self.applier.launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
         except asyncio.CancelledError:
             acts.cancel()  # (a failed read: ``_tick``) no Start of this chunk waits on
             raise
@@ -476,7 +452,7 @@ class Reconciler:
             # this chunk's actions end before the next chunk (or the tick's end), also
             # when a commit failed: nothing of this chunk acts after that
             await acts.drain(report)
-        await self._release(acts, report, ctx.now)
+        await self.applier.release(acts, report, ctx.now)
         return slots
 
     # ------------------------------------------------------------ reads
@@ -546,228 +522,6 @@ class Reconciler:
                         repo.add_event(tx, job.state.job_id, "Rejected", job.reject_reason,
                                        now=now)
                         self.metrics.endings.labels(phase="rejected", cause="invalid").inc()
-
-    def _commit_plans(self, plans: Sequence[tuple[repo.LoadedJob, Plan]],
-                      now: int) -> set[str]:
-        """Write what the plans changed; returns the ids whose status row was written."""
-        with self._write() as tx:
-            written = repo.save_statuses(tx, (
-                repo.StatusWrite(p.status, job.has_status, job.reject_reason, job.previous)
-                for job, p in plans), now=now, cluster=self.here)
-            repo.save_submissions(tx, [(upd, p.status.attempt) for _, p in plans
-                                       for upd in p.submissions], now=now,
-                                  epoch=self._fence.epoch)
-            events: list[PlannedEvent] = []
-            for job, p in plans:
-                if p.status.spec is None and job.state.job_id in written:
-                    events.append(PlannedEvent(job.state.job_id, "Rejected", job.reject_reason))
-                events.extend(p.events)
-            repo.insert_events(tx, events, now=now)
-        for job, p in plans:
-            self._count_transitions(job.state, p.status)
-        return written
-
-    def _moves(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], report: TickReport) -> None:
-        """The clusters the committed plans moved jobs to (their shards tick soon)."""
-        for _, p in plans:
-            if p.status.cluster is not None and p.status.cluster != self.here:
-                report.moved_to.add(p.status.cluster)
-
-    def _count_transitions(self, before: JobState, after: JobState) -> None:
-        if after.phase in TERMINAL_PHASES and after.phase != before.phase:
-            self.metrics.endings.labels(phase=after.phase.value,
-                                        cause=after.cause.kind.value
-                                        if after.spec is not None else "invalid").inc()
-        for key, used in after.budgets_used.items():
-            if used > before.budgets_used.get(key, 0):
-                self.metrics.resubmissions.labels(cause=key).inc(used - before.budgets_used.get(
-                    key, 0))
-
-    # ------------------------------------------------------------ actions
-
-    def _launch(self, plans: list[tuple[repo.LoadedJob, Plan]],
-                outcomes: list[tuple[Todo, Plan | None]], acts: Acts, *,
-                ctx: PlanContext, epoch: int, report: TickReport) -> None:
-        """Commit these plans (their intents before any of their Submits runs), then start
-        their actions, each job's in order, many jobs at once, without waiting for them:
-        the chunk's next wave is planned meanwhile (``Acts.drain`` waits for all). A
-        Submit that releases its gate (desired run) is released only after every Start of
-        the chunk has returned and been recorded (``_release``): releases joined while
-        Start batches are still in flight slow those Starts on slurmctld by a third
-        (bench/burst README). Each release is still of a recorded ref, once, behind the
-        fence and the identity check; one that fails leaves the job gated, and the next
-        plan releases it."""
-        if not outcomes:
-            return
-        report.planned += len(plans)
-        t0 = time.perf_counter()
-        written = self._commit_plans(plans, ctx.now) if plans else set()
-        if self.here is not None:
-            self._moves(plans, report)
-        self.memory.remember(outcomes, written, ctx, epoch)
-        report.timings["store"] += time.perf_counter() - t0
-        if acts.lost:
-            return  # the lease is gone: act no more, the next leader will
-        gate = acts.gate()
-        acts.started(asyncio.gather(*(self._act(p.status, p.actions, gate=gate, acts=acts,
-                                                report=report, now=ctx.now)
-                                      for _, p in plans if p.actions)))
-
-    async def _release(self, acts: Acts, report: TickReport, now: int) -> None:
-        """Release the gates of the chunk's recorded Submits, together, once all of its
-        Starts have returned (``_launch``); raise the lease lost by any action."""
-        if acts.releases and not acts.lost:
-            t0 = time.perf_counter()
-            gate = acts.gate()
-            await asyncio.gather(*(self._act(job, [action], gate=gate, acts=acts,
-                                             report=report, now=now)
-                                   for job, action in acts.releases))
-            report.timings["apply"] += time.perf_counter() - t0
-        if acts.lost:
-            raise acts.lost[0]
-
-    async def _act(self, job: JobState, actions: Sequence[object], *,
-                   gate: asyncio.Semaphore, acts: Acts, report: TickReport, now: int) -> None:
-        """One job's actions, in order, under its wave's concurrency bound; a Submit's
-        recorded ref to release goes to ``acts.releases``."""
-        async with gate:
-            for action in actions:
-                name = type(action).__name__.lower()
-                if acts.lost:
-                    return  # the lease is gone: act no more, the next leader will
-                try:
-                    self._fence.guard()
-                    ref = await self._apply_one(job, action, now)
-                    if ref is not None:
-                        acts.releases.append((job, Release(job.job_id, ref)))
-                    report.actions[name] += 1
-                except LeaseLost as exc:
-                    acts.lost.append(exc)
-                    return
-                except Exception as exc:
-                    # one job's failure never stops the others
-                    self.metrics.action_errors.labels(action=name).inc()
-                    report.errors.append(f"{job.job_id}: {name}: {exc}")
-                    log.warning("action failed", extra={"job": job.job_id,
-                                                        "action": name, "error": str(exc)})
-                    self._record_event(job.job_id, "ActionFailed",
-                                       f"{name}: {type(exc).__name__}: {exc}")
-                    if isinstance(exc, TransientError):
-                        break
-
-    def _record_event(self, job_id: str, kind: str, message: str) -> None:
-        try:
-            with self._write() as tx:
-                repo.add_event(tx, job_id, kind, message[:2000], now=self.now())
-        except DispatchError:
-            log.warning("could not record event", extra={"job": job_id, "kind": kind})
-
-    async def _apply_one(self, job: JobState, action: object, now: int) -> ObjectRef | None:
-        """Run one action; a Submit returns the recorded ref to release afterwards
-        (``_apply``), every other action None."""
-        match action:
-            case Submit():
-                return await self._submit(job, action)
-            case Release(ref=ref):
-                await self.adapter.release(ref)
-            case Hold(ref=ref, instance=instance):
-                await self.adapter.hold(ref, instance)
-            case Cancel(ref=ref, cause=cause):
-                await self.adapter.stop(ref)
-                if cause.value == "duplicate":
-                    self.metrics.duplicates.inc()
-            case VerifyOutputs(paths=paths):
-                await self._verify_outputs(job, paths, now)
-            case CheckStarted(ref=ref, submission=submission):
-                started = await self.adapter.started_evidence(ref, submission)
-                self._note_outcome(job.job_id, Outcome(
-                    OutcomeKind.STARTED if started else OutcomeKind.NOT_STARTED, submission))
-            case _:
-                raise TypeError(f"unknown action {action!r}")
-        return None
-
-    async def _submit(self, job: JobState, action: Submit) -> ObjectRef | None:
-        """Start the job gated and record its ref; the ref to release (desired run)
-        once this call's Starts are done, or None (held, or a duplicate cancelled)."""
-        self._started_since_read.add(action.job_id)  # (``no_object_yet``)
-        request = StartRequest(job_id=JobID(action.job_id), generation=job.generation,
-                               submission=action.submission, attempt=action.attempt,
-                               spec=action.spec, gate=True, extra_exclude=action.exclude)
-        try:
-            try:
-                ref = await self.adapter.start(request)
-            except ErrInvalid:
-                if not action.exclude:
-                    raise
-                # Excluding the failed node(s) left nothing that fits: the exclusion is a
-                # preference, so submit without it (sbatch refused; nothing was created).
-                self._record_event(action.job_id, "ExclusionDropped",
-                                   "no node fits without " + ",".join(action.exclude))
-                ref = await self.adapter.start(replace(request, extra_exclude=()))
-        except (ErrInvalid, ErrUnsupported, ErrBackPressure) as exc:
-            # Slurm refused the submission (bad partition, policy: the job fails with it)
-            # or deferred it (a submit limit: it waits). Nothing was created; the outcome
-            # is noted for the next plan, which decides (``_fail_submission``).
-            # Anything else (transport, host key, timeout) leaves the intent for the next
-            # tick to adopt or abandon: never a job failure for the operator's problem.
-            self._fail_submission(job, action, exc)
-            raise
-        self.metrics.submissions.inc()
-        # Record the ref only while this submission is still the job's current intent, and
-        # only under our lease epoch (LeaseLost: write nothing more, to Slurm either: the
-        # next leader adopts the gated object or cancels it).
-        recorded = await self._records.call((action.job_id, action.submission, ref))
-        if not recorded:
-            # the intent was abandoned or replaced meanwhile: this gated object is a
-            # duplicate; it is cancelled, never released
-            self._record_event(action.job_id, "Duplicate",
-                               f"submission {action.submission} (Slurm job {ref.id}) is no "
-                               "longer current: cancelled, never released")
-            await self.adapter.stop(ref)
-            self.metrics.duplicates.inc()
-            return None
-        return ref if action.release else None
-
-    async def _record_many(self, keys: Sequence[_Recorded]) -> dict[_Recorded, bool]:
-        """Record the refs of the Submits that returned together, in one fenced
-        transaction (a burst's Start batch returns 32 at once): for each, whether it is
-        still its job's current intent (``repo.record_submitted``)."""
-        with self._write() as tx:
-            recorded = dict(zip(keys, repo.record_submitted_many(tx, keys), strict=True))
-            repo.insert_events(tx, [
-                PlannedEvent(job_id, "Submitted", f"submission {submission} is Slurm job "
-                                                  f"{ref.id}")
-                for (job_id, submission, ref), ok in recorded.items() if ok], now=self.now())
-        return recorded
-
-    def _fail_submission(self, job: JobState, action: Submit, exc: DispatchError) -> None:
-        """sbatch refused (ErrInvalid/ErrUnsupported) or deferred (ErrBackPressure) the
-        submission; nothing was created. Writes nothing: the next plan of the job decides
-        (fails it, or backs off) from the outcome noted here."""
-        kind = (OutcomeKind.SUBMIT_DEFERRED if isinstance(exc, ErrBackPressure)
-                else OutcomeKind.SUBMIT_REFUSED)
-        self._note_outcome(job.job_id, Outcome(kind, action.submission, str(exc)[:500]))
-
-    async def _verify_outputs(self, job: JobState, paths: Sequence[str], now: int) -> None:
-        """Check the expected outputs of the current object; the next plan decides from
-        what was found (success, or the missing-output rule). Writes nothing."""
-        missing = await self.adapter.missing_paths(paths)
-        cur = job.current
-        if cur is None:
-            return
-        kind = OutcomeKind.OUTPUTS_MISSING if missing else OutcomeKind.OUTPUTS_PRESENT
-        self._note_outcome(job.job_id, Outcome(kind, cur.submission, paths=tuple(missing)))
-
-    # ------------------------------------------------------------ action outcomes
-
-    def _note_outcome(self, job_id: str, outcome: Outcome) -> None:
-        """What an action found, for the next plan of ``job_id``: that job is planned on
-        the next tick whatever the skip analysis says, and ``TickReport.replan_soon`` asks
-        for that tick early."""
-        self.outcomes.note(job_id, outcome, tracked=self.memory.memos)
-
-# a Submit's ref to record: (job id, submission number, the ref Start returned)
-_Recorded = repo.Recorded
 
 # plans made between two yields to the event loop while a wave acts (``_plan_chunk``)
 _YIELD_EVERY = 16
