@@ -1,16 +1,23 @@
 """One reconcile tick: load desired state, read Slurm once, plan, apply, record.
 
-Order inside a tick (crash-safe at every line):
+The tick is the recipe (``Reconciler._tick``); each part lives where it is owned:
+``memory`` (what is remembered of each job, which jobs are planned), ``plan`` (every
+decision: phase, status, actions, ownership, whether a job can have no object yet,
+which Submits may wait, when to look again), ``apply`` (commits and Slurm writes),
+``waves`` (a chunk's actions in flight), ``outcomes`` (what actions found, for the next
+plan), ``ownership`` (the sweep), ``gauges``.
+
+Order inside a tick (crash-safe at every line), every write fenced on the lease epoch the
+tick began with (``Fence.pin``):
 1. read the tracked jobs' row versions from the store (below);
 2. one batched live read (``find_many``) and, for current objects that left the
    queue, one batched accounting read (``inspect_many`` with a start window);
    a failed live read ends the tick without touching any other job (bad rows are still
-   rejected). While the live read runs, the new jobs that no Slurm object can belong to
-   (no status row, so no intent ever; a name absent from the last complete read of this
-   leadership) are planned with no observation -- what the read would give them -- and
-   submitted (``_fresh``): a new row's sbatch does not wait for a read of the whole
-   queue. A leadership's first tick, and the ticks after a failed read until one
-   succeeds, plan them after the read;
+   rejected), and stops the Starts made before it. While the live read runs, the new
+   jobs that no Slurm object can belong to (``plan.no_object_yet``) are planned with no
+   observation -- what the read would give them -- and submitted (``_fresh``): a new
+   row's sbatch does not wait for a read of the whole queue. A leadership's first tick,
+   and the ticks after a failed read until one succeeds, plan them after the read;
 3. ``plan`` each job that needs it (pure), its row read in full;
 4. commit statuses, events and submission *intents* in one transaction (per wave: a
    chunk's plans up to ``action_concurrency`` Submits);
@@ -18,7 +25,8 @@ Order inside a tick (crash-safe at every line):
    chunk's next wave is planned and committed (two waves in flight at most); a Submit
    runs gated, its ref is committed, and only then is the gate released (the chunk's
    gates together, once all its Starts have returned);
-6. record what the actions returned.
+6. record what the actions returned; sweep our-format objects no tracked job owns
+   (only those of ids this database knows are written: ``ownership``).
 A crash between 4 and 6 leaves intents and gated objects that the next tick adopts.
 
 Incremental, still level-triggered (what makes a steady-state tick cheap at 100k jobs):
@@ -45,7 +53,7 @@ With many jobs to plan (the first tick after taking the lead), they are loaded, 
 and committed ``plan_chunk`` at a time, each chunk in its own transaction, and each
 chunk's actions are applied right after its commit: memory stays bounded, intents are
 still committed before their Submit runs, and the jobs likely to act (new ones, ones a
-client changed, ones without a plain pending or running object: ``_likely_to_act``) are
+client changed, ones without a plain pending or running object: ``likely_to_act``) are
 planned first, so a new leader's first Slurm write comes after one chunk, not after all.
 """
 
@@ -196,37 +204,70 @@ class Reconciler:
         return report
 
     async def _tick(self, report: TickReport) -> None:
+        """The recipe: load, read (submitting what needs no read meanwhile), select,
+        plan and apply chunk by chunk, sweep, publish."""
         now = self.now()
-        memory = self.memory
-        memory.begin()
-        began = t0 = time.perf_counter()
-        memos = memory.track(report)
-        # the rows not validated yet are asked for too (their observations are ignored
-        # if they turn out invalid); a malformed id never reaches the adapter; nor does
-        # a job another cluster's shard plans
+        began = time.perf_counter()
+        self.memory.begin()
+        memos, wanted = self._load(report)
+        ctx = self._context(now)
+        epoch = self.memory.plan_epoch(ctx)
+        for phase in ("read", "select", "plan", "store", "apply"):
+            report.timings[phase] = 0.0
+        read = await self._read(memos, wanted, ctx, epoch=epoch, report=report, began=began)
+        if read is None:  # the live read failed: no job with a status changes
+            self._save_rejections(now)
+            return
+        live, strays, fresh, slots = read
+        todo = self._select(live, now, epoch, planned=fresh, report=report)
+        acct, acct_ok = await self._read_accounting(todo, now, report)
+        await self._plan_all(todo, acct, acct_ok, ctx=ctx, epoch=epoch, slots=slots,
+                             report=report, began=began)
+        self.memory.end()
+        t0 = time.perf_counter()
+        await self.sweeper.run(strays, memos, report=report, now=now, write=self._write,
+                               guard=self.applier.fence.guard,
+                               record_event=self.applier.record_event)
+        report.replan_soon = bool(self.outcomes) or report.deferred > 0
+        report.timings["apply"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        gauges.refresh(self.metrics, self.memory.gauges(), store=self.store, here=self.here,
+                       clusters=self.clusters, now=now)
+        report.timings["gauges"] = time.perf_counter() - t0
+
+    def _load(self, report: TickReport) -> tuple[dict[str, Memo], list[str]]:
+        """The tracked jobs (their row versions), and the ids the live read asks for:
+        the rows not validated yet too (their observations are ignored if they turn out
+        invalid); never a malformed id, nor a job another cluster's shard plans."""
+        t0 = time.perf_counter()
+        memos = self.memory.track(report)
         wanted = [job_id for job_id, memo in memos.items()
                   if not memo.elsewhere and (
                       memo.valid or (memo.valid is None and is_job_id(job_id)))]
         report.tracked = len(memos) - sum(1 for memo in memos.values() if memo.elsewhere)
         self.metrics.tracked.set(report.tracked)
         report.timings["load"] = time.perf_counter() - t0
+        return memos, wanted
 
+    def _context(self, now: int) -> PlanContext:
         down = self.cluster_stats.down_nodes if self.cluster_stats else frozenset()
-        ctx = PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
-                          adopt_window_s=self.settings.adopt_window_s, down_nodes=down,
-                          clusters=self.clusters)
-        epoch = memory.plan_epoch(ctx)
-        for phase in ("read", "select", "plan", "store", "apply"):
-            report.timings[phase] = 0.0
-        slots = max(1, self.settings.submit_slice)
+        return PlanContext(now=now, unknown_grace_s=self.settings.unknown_grace_s,
+                           adopt_window_s=self.settings.adopt_window_s, down_nodes=down,
+                           clusters=self.clusters)
 
-        # one squeue per tick, even with nothing tracked: the sweep of strays needs it.
-        # It runs while the new jobs that no object can belong to are planned and
-        # submitted (``_fresh``): their plans need no observation
+    async def _read(self, memos: dict[str, Memo], wanted: list[str], ctx: PlanContext, *,
+                    epoch: int, report: TickReport, began: float,
+                    ) -> tuple[dict[str, list[ObjectObs]], dict[str, list[ObjectObs]],
+                               set[str], int] | None:
+        """One squeue per tick, even with nothing tracked (the sweep needs it), while the
+        new jobs that no object can belong to are planned and submitted (``_fresh``):
+        the live observations, the strays (our-format objects of no tracked job), the ids
+        planned before the read and the submit slots left; None when the read failed."""
         t0 = time.perf_counter()
-        strays: dict[str, list[ObjectObs]] = {}  # our dj- objects that no tracked job owns
+        strays: dict[str, list[ObjectObs]] = {}
         found: list[dict[str, list[ObjectObs]]] = []
         read_done: list[float] = []
+        slots = max(1, self.settings.submit_slice)
 
         async def read_live() -> None:
             # the observations go to ``found``, not to the task's result: a finished
@@ -254,6 +295,7 @@ class Reconciler:
         # abandons whatever they made -- the shard's tick is never held by them
         read.add_done_callback(lambda done: done.cancelled() or done.exception() is None
                                or before.cancel())
+        live: dict[str, list[ObjectObs]] | None = None
         try:
             try:
                 fresh, slots = await before
@@ -280,39 +322,50 @@ class Reconciler:
                 self._seen.update(strays)
             report.timings["read"] = (read_done[0] if read_done
                                       else time.perf_counter()) - t0
-        if not report.slurm_ok:
-            self._save_rejections(now)
-            return
+        return None if live is None else (live, strays, fresh, slots)
 
+    def _select(self, live: dict[str, list[ObjectObs]], now: int, epoch: int, *,
+                planned: set[str], report: TickReport) -> list[Todo]:
+        """The jobs to plan after the read, in order (``Memory``): a few are read in full
+        at once; many (a new leader's first tick) go the likely actors first and are
+        read a chunk at a time as they are planned."""
         t0 = time.perf_counter()
-        todo = memory.unsettled(live, now, epoch, report, planned=fresh)
-        chunk = max(1, self.settings.plan_chunk)
-        if len(todo) <= chunk:  # the usual tick: a few jobs, read in full at once
+        memory = self.memory
+        todo = memory.unsettled(live, now, epoch, report, planned=planned)
+        if len(todo) <= max(1, self.settings.plan_chunk):
             todo.sort(key=newest_first)  # stable: a burst keeps its order
             todo = memory.with_rows(memory.past_slice(todo, epoch, report), report)
-        else:  # many (a new leader's first tick): the jobs likely to act first
+        else:
             memory.order(todo, report)
             todo = memory.past_slice(todo, epoch, report)
         report.timings["select"] += time.perf_counter() - t0
+        return todo
 
+    async def _read_accounting(self, todo: Sequence[Todo], now: int, report: TickReport,
+                               ) -> tuple[dict[ObjectRef, ObjectObs], bool]:
         t0 = time.perf_counter()
         acct, acct_ok = await self._accounting(todo, now)
         report.accounting_ok = acct_ok
         self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] += time.perf_counter() - t0
+        return acct, acct_ok
 
-        # the first chunk always goes, whatever ``_fresh`` spent: jobs with a status
-        # (cancels, endings, resubmissions) are never starved by a stream of new rows
+    async def _plan_all(self, todo: list[Todo], acct: dict[ObjectRef, ObjectObs],
+                        acct_ok: bool, *, ctx: PlanContext, epoch: int, slots: int,
+                        report: TickReport, began: float) -> None:
+        """Plan and apply ``todo`` a chunk at a time, until the tick's budget is spent:
+        the first chunk always goes, whatever ``_fresh`` spent (jobs with a status --
+        cancels, endings, resubmissions -- are never starved by a stream of new rows);
+        the rest waits for the next tick, at once (it reads Slurm again first)."""
+        chunk = max(1, self.settings.plan_chunk)
         for start in range(0, len(todo), chunk):
             if start and self._spent(began):
-                # the rest waits for the next tick, at once: a tick stays well inside
-                # its lease, and the next one reads Slurm again first
                 report.deferred += len(todo) - start
                 for item in todo[start:]:
                     item.row = None
                 break
             t0 = time.perf_counter()
-            part = memory.with_rows(todo[start:start + chunk], report)
+            part = self.memory.with_rows(todo[start:start + chunk], report)
             report.timings["select"] += time.perf_counter() - t0
             slots = await self._plan_chunk(part, acct, acct_ok, ctx=ctx, epoch=epoch,
                                            slots=slots, report=report)
@@ -320,18 +373,6 @@ class Reconciler:
             # let the loop run between chunks (other shards' ticks, lease renewals): a
             # long first tick is many short pieces, never one block
             await asyncio.sleep(0)
-
-        memory.end()
-        t0 = time.perf_counter()
-        await self.sweeper.run(strays, memos, report=report, now=now, write=self._write,
-                               guard=self.applier.fence.guard,
-                               record_event=self.applier.record_event)
-        report.replan_soon = bool(self.outcomes) or report.deferred > 0
-        report.timings["apply"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        gauges.refresh(self.metrics, memory.gauges(), store=self.store, here=self.here,
-                       clusters=self.clusters, now=now)
-        report.timings["gauges"] = time.perf_counter() - t0
 
     def _spent(self, began: float) -> bool:
         """The tick begun at ``began`` is past its time budget: it takes on no further
