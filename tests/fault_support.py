@@ -104,9 +104,10 @@ def _row_cells(row: FaultRow) -> list[str]:
             str(row.wrong_writes), recovery]
 
 
-def format_table(rows: Sequence[FaultRow], *, notes: bool = True) -> str:
-    cells = [list(COLUMNS)] + [_row_cells(r) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+def boxed(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The fault suite's table layout: the first column left-aligned, the others right."""
+    cells = [list(header), *(list(r) for r in rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     rule = "+-" + "-+-".join("-" * w for w in widths) + "-+"
 
     def line(values: list[str]) -> str:
@@ -114,7 +115,11 @@ def format_table(rows: Sequence[FaultRow], *, notes: bool = True) -> str:
                  for i, (v, w) in enumerate(zip(values, widths, strict=True))]
         return "| " + " | ".join(parts) + " |"
 
-    out = [rule, line(cells[0]), rule, *(line(c) for c in cells[1:]), rule]
+    return [rule, line(cells[0]), rule, *(line(c) for c in cells[1:]), rule]
+
+
+def format_table(rows: Sequence[FaultRow], *, notes: bool = True) -> str:
+    out = boxed(COLUMNS, [_row_cells(r) for r in rows])
     if notes:
         out += [f"  {r.fault}: {r.notes}" for r in rows if r.notes]
     return "\n".join(out)

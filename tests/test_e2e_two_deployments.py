@@ -74,6 +74,7 @@ from tests.daemon_harness import DISPATCHCTL
 from tests.fault_support import (
     TERMINAL,
     FaultDaemon,
+    boxed,
     cancel_user_jobs,
     emit,
     fault_daemon,
@@ -413,20 +414,10 @@ COLUMNS = ("database", "jobs", "jobs lost", "duplicate executions",
 
 
 def format_rows(rows: Sequence[Row]) -> str:
-    """The fault suite's table layout (``tests.fault_support.format_table``), these
-    columns."""
-    cells = [list(COLUMNS)] + [[r.database, *map(_cell, (
+    """The fault suite's table layout (``tests.fault_support.boxed``), these columns."""
+    return "\n".join(boxed(COLUMNS, [[r.database, *map(_cell, (
         r.jobs, r.lost, r.duplicates, r.recorded, r.logged, r.cancelled_by_neighbour))]
-        for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    rule = "+-" + "-+-".join("-" * w for w in widths) + "-+"
-
-    def line(values: list[str]) -> str:
-        parts = [v.ljust(w) if i == 0 else v.rjust(w)
-                 for i, (v, w) in enumerate(zip(values, widths, strict=True))]
-        return "| " + " | ".join(parts) + " |"
-
-    return "\n".join([rule, line(cells[0]), rule, *(line(c) for c in cells[1:]), rule])
+        for r in rows]))
 
 
 @dataclass

@@ -404,16 +404,21 @@ async def test_jobs_placed_on_a_cluster_the_configuration_dropped_are_counted(
     assert back.metrics.registry.get_sample_value(gauge) == 0
 
 
+async def leading(store: Store) -> Daemon:
+    """One replica of two clusters that has taken both shards and ticked once."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": name} for name in NAMES[:2]]})
+    d = replica(store, config, [float(NOW)])
+    d.count_replicas()
+    await d.tick_once()
+    return d
+
+
 async def test_the_keeper_takes_no_shard_whose_tick_is_still_running(
         sqlite_store: Store) -> None:
     """This replica stalled past its lease while a tick of the shard ran: the keeper
     leaves the shard until that tick has ended, then takes it over."""
-    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
-                           "clusters": [{"name": name} for name in NAMES[:2]]})
-    clock = [float(NOW)]
-    d = replica(sqlite_store, config, clock)
-    d.count_replicas()
-    await d.tick_once()
+    d = await leading(sqlite_store)
     shard = d.shards[0]
     assert shard.held
     shard.lease.drop()  # the stall: the lease expired behind this replica
@@ -428,12 +433,7 @@ async def test_the_keeper_takes_no_shard_whose_tick_is_still_running(
 async def test_a_leader_whose_cluster_is_unreachable_is_not_ready(sqlite_store: Store) -> None:
     """/readyz follows the live read: one failed read makes the leader's shard not
     ready (within one tick, not after three intervals), one good read makes it ready."""
-    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
-                           "clusters": [{"name": name} for name in NAMES[:2]]})
-    clock = [float(NOW)]
-    d = replica(sqlite_store, config, clock)
-    d.count_replicas()
-    await d.tick_once()
+    d = await leading(sqlite_store)
     shard = d.shards[0]
     assert shard.status(60)[0]
     fake = shard.adapter
