@@ -250,7 +250,7 @@ async def test_concurrent_starts_share_a_call_and_keep_their_own_outcomes(
     refs = [r for i, r in enumerate(results) if i != 4]
     assert all(not isinstance(r, BaseException) for r in refs)
     found = await adapter.find_many([*ids, bad])
-    assert found[bad] == []
+    assert not found[bad]
     for i, job_id in enumerate(ids):
         [obs] = found[job_id]
         assert obs.ref == refs[i] and obs.submission == i + 1
@@ -302,7 +302,7 @@ async def test_find_many_is_one_command_for_50_jobs(
     assert calls == ["squeue"]
     assert {job_id: [o.ref for o in found[job_id]] for job_id in ids} == {
         job_id: [ref] for job_id, ref in zip(ids, refs, strict=True)}
-    assert all(found[job_id] == [] for job_id in absent)
+    assert all(not found[job_id] for job_id in absent)
     assert all(o.state is State.GATED for job_id in ids for o in found[job_id])
 
 

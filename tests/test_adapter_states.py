@@ -404,7 +404,7 @@ async def test_accounting_after_leaving_squeue(cluster: SlurmEnv, jobs: Tracker)
         assert obs.nodes == (cluster.node,)
 
     # gone from squeue: find_many sees nothing; inspect_many answers in one sacct call
-    assert all(v == [] for v in (await adapter.find_many(list(ids.values()))).values())
+    assert all(not v for v in (await adapter.find_many(list(ids.values()))).values())
     calls.clear()
     many = await adapter.inspect_many(list(refs.values()),
                                       since=min(r.submit for r in refs.values()) - 60)

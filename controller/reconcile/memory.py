@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.model.obs import ObjectObs, State
@@ -211,7 +211,7 @@ class Memory:
 
     # ------------------------------------------------------------ select
 
-    def unsettled(self, live: dict[str, list[ObjectObs]], now: int, epoch: int,
+    def unsettled(self, live: Mapping[str, Sequence[ObjectObs]], now: int, epoch: int,
                   report: TickReport, *, planned: Container[str] = ()) -> list[Todo]:
         """The jobs to plan this tick: all but those whose last plan was quiet and whose
         inputs are unchanged and clock triggers not due, and but those ``planned``

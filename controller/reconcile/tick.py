@@ -62,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
@@ -257,7 +257,7 @@ class Reconciler:
 
     async def _read(self, memos: dict[str, Memo], wanted: list[str], ctx: PlanContext, *,
                     epoch: int, report: TickReport, began: float,
-                    ) -> tuple[dict[str, list[ObjectObs]], dict[str, list[ObjectObs]],
+                    ) -> tuple[Mapping[str, Sequence[ObjectObs]], dict[str, list[ObjectObs]],
                                set[str], int] | None:
         """One squeue per tick, even with nothing tracked (the sweep needs it), while the
         new jobs that no object can belong to are planned and submitted (``_fresh``):
@@ -265,7 +265,7 @@ class Reconciler:
         planned before the read and the submit slots left; None when the read failed."""
         t0 = time.perf_counter()
         strays: dict[str, list[ObjectObs]] = {}
-        found: list[dict[str, list[ObjectObs]]] = []
+        found: list[Mapping[str, Sequence[ObjectObs]]] = []
         read_done: list[float] = []
         slots = max(1, self.settings.submit_slice)
 
@@ -295,7 +295,7 @@ class Reconciler:
         # abandons whatever they made -- the shard's tick is never held by them
         read.add_done_callback(lambda done: done.cancelled() or done.exception() is None
                                or before.cancel())
-        live: dict[str, list[ObjectObs]] | None = None
+        live: Mapping[str, Sequence[ObjectObs]] | None = None
         try:
             try:
                 fresh, slots = await before
@@ -324,7 +324,7 @@ class Reconciler:
                                       else time.perf_counter()) - t0
         return None if live is None else (live, strays, fresh, slots)
 
-    def _select(self, live: dict[str, list[ObjectObs]], now: int, epoch: int, *,
+    def _select(self, live: Mapping[str, Sequence[ObjectObs]], now: int, epoch: int, *,
                 planned: set[str], report: TickReport) -> list[Todo]:
         """The jobs to plan after the read, in order (``Memory``): a few are read in full
         at once; many (a new leader's first tick) go the likely actors first and are

@@ -35,9 +35,11 @@ SACCT_ARG_LIMIT: Final = 100_000  # bytes of the ``-j`` list per sacct call
 _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
 
 # find_many's memory of one squeue row: (its job id, its observation or None for another
-# user's job, the second it was classified, the second from which it may no longer hold).
+# user's job, the second it was classified, the second from which it may no longer hold,
+# and the one-element tuple find_many hands out for it -- kept with the row, so a steady
+# read builds no new container per job, nothing for the cyclic collector to promote).
 # It is kept by the row's ``hash``, not by the row's text (``_classified_rows``).
-_RowMemo = tuple[str, ObjectObs | None, int, int]
+_RowMemo = tuple[str, ObjectObs | None, int, int, tuple[ObjectObs, ...]]
 _FOREVER: Final = 2**63
 # find_many splits the squeue text into lines this many characters at a time (each block
 # ends just after a newline): a 100k-row read never holds all its lines at once.
@@ -176,11 +178,11 @@ class Reads(AdapterBase):
 
     async def find(self, job_id: str) -> list[ObjectObs]:
         """Every live object of dispatch job ``job_id`` (one squeue call)."""
-        return (await self.find_many([job_id]))[job_id]
+        return list((await self.find_many([job_id]))[job_id])
 
     async def find_many(self, job_ids: Collection[str], *,
                         strays: dict[str, list[ObjectObs]] | None = None,
-                        ) -> dict[str, list[ObjectObs]]:
+                        ) -> dict[str, Sequence[ObjectObs]]:
         """Every live object of each dispatch job, with ONE squeue call for all of them.
 
         Only our user's jobs whose name is exactly ``dj-<ULID>`` of an asked-for id are
@@ -199,14 +201,17 @@ class Reads(AdapterBase):
             for job_id in set(ids).difference(self._valid_ids):
                 naming.discovery_name(job_id)  # ErrInvalid for a malformed id, as ever
             self._valid_ids = ids
-        found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in ids}
+        # one shared empty tuple for every job, and a remembered row's own tuple for a job
+        # with one object: a steady 100k-job read allocates no container per job (they
+        # would all survive into the oldest generation and trigger full collections)
+        found: dict[str, Sequence[ObjectObs]] = dict.fromkeys(ids, ())
         if ids or strays is not None:
             await self._classified_rows(found, strays)
         return found
 
-    async def _classified_rows(self, found: dict[str, list[ObjectObs]],
+    async def _classified_rows(self, found: dict[str, Sequence[ObjectObs]],
                                strays: dict[str, list[ObjectObs]] | None = None) -> None:
-        """Append to ``found[job id]`` the observation of each row of ours that
+        """Add to ``found[job id]`` the observation of each row of ours that
         ``_read_mine(names=<the names of found's ids>)`` would return, reusing the
         previous read's observation of each byte-identical row while it still holds:
         parsing and classifying 100k rows every tick would cost more than everything else
@@ -251,12 +256,13 @@ class Reads(AdapterBase):
                 obs = memo[1]
                 if obs is not None:
                     into = wanted(memo[0])
-                    if into:
-                        into.append(obs)
-                    elif into is not None:  # (a new list holds one item, with no room)
-                        found[memo[0]] = [obs]
-                    elif strays is not None:
-                        strays.setdefault(memo[0], []).append(obs)
+                    if into is None:
+                        if strays is not None:
+                            strays.setdefault(memo[0], []).append(obs)
+                    elif into:  # (several objects of one job: duplicates, rare)
+                        found[memo[0]] = (*into, obs)
+                    else:
+                        found[memo[0]] = memo[4]
         self._live_rows = remembered
 
     def _classify_row(self, line: str, now: int,
@@ -276,7 +282,7 @@ class Reads(AdapterBase):
             expires = valid_until(job, now=now)  # classify's own clock rules
             if expires is not None:
                 until = min(until, expires if share is None else share(expires))
-        return name, obs, now, until
+        return name, obs, now, until, (() if obs is None else (obs,))
 
     async def inspect(self, ref: ObjectRef) -> ObjectObs:
         """The object ``ref`` names, from squeue, or from sacct once it has left squeue.
