@@ -93,6 +93,23 @@ def test_submit_writes_the_database_and_get_reads_it(tmp_path: Path,
     assert code == 1 and "no job" in err
 
 
+def test_config_goes_before_or_after_the_command(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``dispatchctl --config FILE get``, as kubectl takes its global flags (issue 21:
+    it was refused with "argument COMMAND: invalid choice"); after the command wins."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/d.db"\n')
+    assert _run(["--config", str(config), "migrate"], capsys)[0] == 0
+    code, out, err = _run(["--config", str(config), "get", "-o", "json"], capsys)
+    assert (code, json.loads(out)) == (0, {"items": []}), err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[nonsense]\n")
+    code, _, err = _run(["--config", str(bad), "get", "--config", str(config)], capsys)
+    assert code == 0, err
+    code, _, err = _run(["--config", str(bad), "get"], capsys)
+    assert code == 2 and "nonsense" in err
+
+
 def test_get_unowned_lists_a_neighbours_jobs(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """What a leader's read found of dj- jobs this database never had: listed, counted

@@ -41,8 +41,12 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     table = COMMANDS if commands is None else commands
     parser = _Parser(prog=PROG, description="Run desired batch jobs on Slurm.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # --config goes before the command or after it (as kubectl takes its global flags);
+    # after it wins
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="configuration TOML (default: built-in defaults)")
     common = _Parser(add_help=False)
-    common.add_argument("--config", metavar="FILE", default=None,
+    common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                         help="configuration TOML (default: built-in defaults)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=_Parser)
