@@ -164,7 +164,8 @@ class Snapshot:
 
     seq: int
     reader: str
-    tick: int
+    tick: int  # which of the reader's ticks
+    tick_began: int  # when that tick began
     active: frozenset[int]
 
 
@@ -189,6 +190,7 @@ class Caller(Protocol):
     name: str
     deployment: str
     ticks: int  # ticks begun: the tick in flight is the last
+    tick_began: int  # when the last tick began (``Scheduler.next_seq``)
 
     def guard(self) -> None:
         """The production write guard (``Lease.guard``): raises ``LeaseLost``."""
@@ -205,7 +207,7 @@ class Observer(Protocol):
 @dataclass
 class _Checkpoint:
     next_id: int
-    ids: frozenset[int]
+    jobs: int  # how many jobs had been made (the later ones are not in the state saved)
 
 
 @dataclass
@@ -222,7 +224,7 @@ class Cluster:
     writes: list[Write] = field(default_factory=list)
     reads: list[Snapshot] = field(default_factory=list)
     next_id: int = 1
-    checkpoint: _Checkpoint = field(default_factory=lambda: _Checkpoint(1, frozenset()))
+    checkpoint: _Checkpoint = field(default_factory=lambda: _Checkpoint(1, 0))
 
     # ------------------------------------------------------------ what slurmctld holds
 
@@ -261,7 +263,7 @@ class Cluster:
         live = self.live()
         seen = [classify(job.record(accounting=False), source=Source.LIVE, cluster=CLUSTER,
                          now=now) for job in live]
-        self.reads.append(Snapshot(self.sched.next_seq(), who.name, who.ticks,
+        self.reads.append(Snapshot(self.sched.next_seq(), who.name, who.ticks, who.tick_began,
                                    frozenset(id(job) for job in live if job.active)))
         slow = self._chance(self.faults.read_slow)
         took = self._span(self.faults.read_slow_s if slow else self.faults.read_s)
@@ -483,14 +485,12 @@ class Cluster:
                                 f"(restart {job.restart})")
 
     def save_state(self) -> None:
-        self.checkpoint = _Checkpoint(self.next_id,
-                                      frozenset(job.slurm_id for job in self.jobs))
+        self.checkpoint = _Checkpoint(self.next_id, len(self.jobs))
 
     def lose_state(self) -> None:
         """slurmctld restarts from its last state save: the jobs made since are gone
         (the running ones killed), their ids handed out again."""
-        gone = [job for job in self.jobs
-                if job.slurm_id not in self.checkpoint.ids and not job.lost]
+        gone = [job for job in self.jobs[self.checkpoint.jobs:] if not job.lost]
         for job in gone:
             job.lost = True
             if job.state in ACTIVE:

@@ -74,6 +74,19 @@ class Invariants:
         self._stop_ticks: dict[tuple[str, str], int] = {}
         # replica name -> the stopped jobs with a running Slurm job when its tick began
         self._stopped_at_begin: dict[str, dict[str, list[int]]] = {}
+        # (deployment, epoch) -> the replica that took it, as the driver saw it
+        self.epochs: dict[tuple[str, int], str] = {}
+
+    def note_epoch(self, deployment: str, epoch: int | None, holder: str) -> None:
+        if epoch is not None:
+            self.epochs.setdefault((deployment, epoch), holder)
+
+    def _since(self, deployment: str, epoch: int | None) -> str:
+        """Who took the epochs after ``epoch``."""
+        later = sorted((e, holder) for (dep, e), holder in self.epochs.items()
+                       if dep == deployment and epoch is not None and e > epoch)
+        return "; since then " + ", ".join(f"{holder} took epoch {e}" for e, holder in later) \
+            if later else ""
 
     def _violate(self, rule: str, text: str) -> None:
         self.found.append(Violation(rule, self.cluster.clock.t, self.alias(text)))
@@ -92,13 +105,16 @@ class Invariants:
                    f"the lease row is epoch {row.epoch} held by {row.holder}, expiring at "
                    f"t={row.expires_at - self.cluster.clock.wall() + self.cluster.clock.t:.1f}")
             self._violate("c", f"{caller.name} made a Slurm write ({what}) in a tick begun "
-                               f"under epoch {begun}, holding epoch {caller.epoch}: {now}")
+                               f"under epoch {begun}, holding epoch {caller.epoch}: {now}"
+                               + self._since(write.deployment, begun))
         if write.owner != write.deployment or not self.history.known(write.deployment, job_id):
             self._violate("d", f"{caller.name} ({write.deployment}) made a Slurm write to a "
                                f"job its database does not own: {what}; "
+                               + (f"the job belongs to deployment {write.owner}, "
+                                  if write.owner != write.deployment else "")
                                + ("its database never had that ULID" if not
                                   self.history.known(write.deployment, job_id) else
-                                  f"the job belongs to deployment {write.owner}"))
+                                  "though its database had that ULID"))
         if write.op == "release":
             self._check_release(write, caller, job_id, what)
 
@@ -124,7 +140,8 @@ class Invariants:
             self._violate("c", f"{replica.name} committed a write to {tables} fenced with "
                                f"epoch {stale[0][1]}, in a tick begun under epoch {begun} "
                                "(the lease row: " + (f"epoch {row.epoch}, {row.holder})" if row
-                                                     else "none)"))
+                                                     else "none)")
+                          + self._since(replica.deployment, begun))
 
     # ------------------------------------------------------------ (a): executions
 
@@ -135,7 +152,8 @@ class Invariants:
                 self._violate("a", f"{execution.name} ({execution.deployment}'s) runs twice at "
                                    f"once: Slurm job {execution.slurm_id} (submission "
                                    f"{execution.submission}) starts while Slurm job "
-                                   f"{other.slurm_id} (submission {other.submission}) runs")
+                                   f"{other.slurm_id} (submission {other.submission}) runs"
+                                   + self._rewritten(execution, other))
                 return
         if not earlier:
             return
@@ -148,19 +166,31 @@ class Invariants:
             return  # the row was written again after that run: a new desire
         rewrites = self.history.inserts(dep, job_id, last.job.created, last.ended_seq)
         if rewrites and not self._seen_by_submitter(execution.job, last.job, rewrites[0]):
-            # written again while its job lived, and that job lived and ended unseen by the
-            # tick that submitted again: no read could have let it adopt that job
+            # written again while its job lived, and no tick that could have planned the
+            # new row (one begun after it was written) saw that job live before it
+            # submitted again: no read could have let it adopt that job
             return
         self._violate("a", f"{execution.name} ({execution.deployment}'s) runs again: Slurm job "
                            f"{execution.slurm_id} (submission {execution.submission}) starts "
                            f"after Slurm job {last.slurm_id} (submission {last.submission}) "
                            f"ended {last.how} at t={last.ended:.1f}; neither a Slurm kill nor "
-                           "a new row allows a second run")
+                           "a new row allows a second run" + self._rewritten(execution, last))
+
+    def _rewritten(self, execution: Execution, earlier: Execution) -> str:
+        """A note when the row was deleted and written again between the two jobs."""
+        dep, job_id = execution.deployment, execution.name[3:]
+        first, second = sorted((earlier.job, execution.job), key=lambda job: job.created)
+        between = self.history.inserts(dep, job_id, first.created, second.created)
+        if not between or not self.history.deleted_after(dep, job_id, first.created):
+            return ""
+        return (f" (the row was deleted and written again after Slurm job {first.slurm_id} "
+                f"was made, before Slurm job {second.slurm_id} was)")
 
     def _seen_by_submitter(self, job: SimJob, earlier: SimJob, since: int) -> bool:
-        """Whether ``job``'s submitter read squeue, after event ``since`` and before it
-        made ``job`` (or in the same tick), and saw ``earlier`` running or queued."""
-        return any(read.reader == job.submitter and read.seq > since
+        """Whether ``job``'s submitter, in a tick begun after event ``since`` (the row
+        written again), read squeue before it made ``job`` (or in the tick that made it)
+        and saw ``earlier`` running or queued."""
+        return any(read.reader == job.submitter and read.tick_began > since
                    and (read.seq < job.created or read.tick == job.submitter_tick)
                    and id(earlier) in read.active for read in self.cluster.reads)
 
@@ -207,9 +237,10 @@ class Invariants:
 
     # ------------------------------------------------------------ (e): the end
 
-    def unconverged(self, deployment: str) -> list[str]:
+    def unconverged(self, deployment: str) -> list[tuple[str, bool]]:
         """Why the jobs of ``deployment`` have not ended as their rows ask (empty: they
-        have)."""
+        have), each with whether it can never change any more (a terminal phase, no
+        Slurm job left: only a client could move it)."""
         db = self.databases[deployment]
         rows = db.rows()
         statuses = db.statuses()
@@ -220,7 +251,7 @@ class Invariants:
                 if job.state == "PENDING" and job.begin is not None:
                     how = "held"
                 live.setdefault(job.name[3:], []).append(f"{job.slurm_id} {how}")
-        out: list[str] = []
+        out: list[tuple[str, bool]] = []
         for job_id, desired in rows.items():
             status = statuses.get(job_id)
             phase = status.phase if status is not None else "(no status)"
@@ -233,14 +264,14 @@ class Invariants:
                 ok = phase in ("held", *TERMINAL) and len(objects) <= 1 and all(
                     o.endswith(("gated", "held")) for o in objects)
             if not ok:
-                out.append(f"{job_id} desired {desired}, phase {phase}, live Slurm jobs "
-                           f"{objects or 'none'}")
+                out.append((f"{job_id} desired {desired}, phase {phase}, live Slurm jobs "
+                            f"{objects or 'none'}", phase in TERMINAL and not objects))
         for job_id, objects in sorted(live.items()):
-            out.append(f"{job_id} has no row, yet its Slurm jobs {objects} live")
+            out.append((f"{job_id} has no row, yet its Slurm jobs {objects} live", False))
         return out
 
     def check_converged(self, deployment: str) -> None:
-        for why in self.unconverged(deployment)[:5]:
+        for why, _ in self.unconverged(deployment)[:5]:
             self._violate("e", f"{deployment} never converged: {why}")
 
     def check_replan(self, replica: Replica, streak: int) -> None:

@@ -48,7 +48,7 @@ from tests.sim.world import (
 
 PROFILES = ("mixed", "stall", "rewrite", "burst", "refusals", "neighbour")
 STEPS = 240
-QUIET_ROUNDS = 120
+QUIET_ROUNDS = 400  # at most (about 1.5 virtual hours: the longest backoff is one hour)
 MAIN, NEIGHBOUR = "main", "nb"
 
 BASE_WEIGHTS: Mapping[str, float] = {
@@ -90,10 +90,10 @@ def configure(seed: int, *, steps: int | None = None) -> Config:
     weights = dict(BASE_WEIGHTS)
     faults = BASE_FAULTS
     replicas = 3 if rng.random() < 0.4 else 2
-    neighbour = rng.random() < 0.15
+    neighbour = rng.random() < 0.08
     max_jobs = 24
     if profile == "stall":  # replicas stall past their TTL, shed, die; answers come late
-        weights.update(freeze=0.7, jump=0.5, shed=0.5, crash=0.1, keep=2.5, restart=0.6)
+        weights.update(freeze=2.0, jump=0.5, shed=1.2, crash=0.2, keep=3.0, restart=1.0)
         faults = replace(faults, ack_late=0.12, read_slow=0.08)
     elif profile == "rewrite":  # rows deleted and written again under the same id
         weights.update(rewrite=1.6, reinsert=0.5, delete=0.4, insert=2.0, tick=4.0)
@@ -140,15 +140,33 @@ class Result:
     def ok(self) -> bool:
         return not self.violations
 
-    def report(self, replay: str, *, tail: int = 40) -> str:
+    def report(self, replay: str, *, tail: int = 30, about: int = 40) -> str:
+        """The first violation (its rule and text on the first line), the command that
+        replays the seed, the steps that name what it names, and the last steps."""
         first = self.violations[0]
-        lines = [f"seed {self.config.seed} ({self.config.describe()}): invariant "
-                 f"({first.rule}) violated at t={first.t:.1f}", f"  {first.text}"]
-        lines += [f"  also ({v.rule}): {v.text}" for v in self.violations[1:4]]
-        lines += [f"replay: {replay}", f"the last {min(tail, len(self.trace))} of "
-                                       f"{len(self.trace)} steps:"]
+        lines = [f"({first.rule}) {first.text}",
+                 f"seed {self.config.seed} ({self.config.describe()}), at t={first.t:.1f}"]
+        lines += [f"also ({v.rule}) {v.text}" for v in self.violations[1:4]]
+        lines.append(f"replay: {replay}")
+        names = _named(first.text)
+        if names:
+            mentions = [line for line in self.trace if names.search(line)]
+            lines.append(f"the {min(about, len(mentions))} last of {len(mentions)} steps about "
+                         f"{names.pattern.replace(chr(92) + 'b', '')}:")
+            lines += ["  " + line for line in mentions[-about:]]
+        lines.append(f"the last {min(tail, len(self.trace))} of {len(self.trace)} steps:")
         lines += ["  " + line for line in self.trace[-tail:]]
         return "\n".join(lines)
+
+
+def _named(text: str) -> re.Pattern[str] | None:
+    """A pattern for the jobs, Slurm jobs and replicas a violation names."""
+    words = dict.fromkeys(re.findall(r"\b(?:[JN]\d+|(?:main|nb)/r\d+)\b", text))
+    words.update(dict.fromkeys(f"(?:job|release|scancel|hold) {n}" for n in
+                               re.findall(r"Slurm jobs? \[?'?(\d+)", text)))
+    if not words:
+        return None
+    return re.compile("|".join(rf"\b{w}\b" for w in words))
 
 
 Action = tuple[float, str, Callable[[], None]]
@@ -195,10 +213,19 @@ class Simulation:
     def _spawn(self, deployment: str) -> Replica:
         n = self._born[deployment] = self._born.get(deployment, 0) + 1
         replica = Replica(f"{deployment}/r{n}", self.databases[deployment], self.cluster,
-                          self.clock, on_db_write=self.inv.on_db_write,
+                          self.clock, on_db_write=self._committed,
                           on_tick_end=self._tick_ended)
         self.replicas.append(replica)
         return replica
+
+    def _committed(self, replica: Replica, writes: list[tuple[str, int | None]]) -> None:
+        counts: dict[str, int] = {}
+        for table, _ in writes:
+            counts[table] = counts.get(table, 0) + 1
+        self.log(replica.name, "commits " + ", ".join(f"{table} x{n}" for table, n in
+                                                      counts.items())
+                 + f" (fenced with epoch {writes[0][1]})")
+        self.inv.on_db_write(replica, writes)
 
     def _tick_ended(self, replica: Replica, report: TickReport | None) -> None:
         if report is None:
@@ -218,6 +245,8 @@ class Simulation:
     def _tick(self, replica: Replica) -> None:
         epoch = replica.epoch
         if replica.start_tick():
+            replica.tick_began = self.sched.next_seq()
+            self.inv.note_epoch(replica.deployment, replica.epoch, replica.name)
             self.inv.on_tick_begin(replica)
             self.log(replica.name, f"tick begins under epoch {replica.tick_epoch}"
                      + (f" (took it from epoch {epoch})" if epoch != replica.tick_epoch else ""))
@@ -226,6 +255,7 @@ class Simulation:
 
     def _keep(self, replica: Replica) -> None:
         said = replica.keep()
+        self.inv.note_epoch(replica.deployment, replica.epoch, replica.name)
         if said:
             self.log(replica.name, f"keeper {said}")
 
@@ -437,12 +467,17 @@ class Simulation:
                 self._keep(r)
             for r in list(self.replicas):
                 if not r.ticking and r.start_tick():
+                    r.tick_began = self.sched.next_seq()
+                    self.inv.note_epoch(r.deployment, r.epoch, r.name)
                     self.inv.on_tick_begin(r)
                     ticked.append(r)
             await self._drain()
             if self.inv.found:
                 return
-            if all(not self.inv.unconverged(dep) for dep in self.databases):
+            unsettled = [why for dep in self.databases for why in self.inv.unconverged(dep)]
+            if unsettled and all(final for _, final in unsettled):
+                break  # ended otherwise than asked: nothing will change that now
+            if not unsettled:
                 settled += 1
                 for r in ticked:
                     streak[r.name] = streak.get(r.name, 0) + 1 if (
@@ -452,7 +487,8 @@ class Simulation:
                         return
                 if settled > QUIET_TICKS:
                     return
-            self.clock.advance(10.0 if self._signature() != before else 60.0)
+            # (under half the TTL: the keepers, run every round, keep their leases)
+            self.clock.advance(5.0 if self._signature() != before else TTL_S / 2 - 1)
         for dep in self.databases:
             self.inv.check_converged(dep)
 

@@ -207,6 +207,7 @@ class Replica:
         self.tick_epoch: int | None = None  # the epoch the tick in flight began under
         self.task: asyncio.Future[None] | None = None
         self.ticks = 0  # ticks begun
+        self.tick_began = 0  # when the last began, in the driver's order of events
         self.last: TickReport | None = None
         self.ending = ""  # how the last tick ended, when it did not return a report
         self._on_db_write = on_db_write
