@@ -217,9 +217,9 @@ class Invariants:
                 or report.errors:
             return
         now = self._stopped_running(replica.deployment)
-        for job_id in list(self._stop_ticks):
-            if job_id[0] == replica.deployment and job_id[1] not in now:
-                del self._stop_ticks[job_id]
+        for key in list(self._stop_ticks):
+            if key[0] == replica.deployment and key[1] not in now:
+                del self._stop_ticks[key]
         for job_id, ids in before.items():
             still = [i for i in now.get(job_id, ()) if i in ids]
             if not still:
@@ -229,7 +229,7 @@ class Invariants:
             if count == STOP_TICKS:
                 self._violate(
                     "stop-liveness",
-                    f"{job_id} (desired stopped) keeps Slurm job {still[0]} running: "
+                    f"{job_id} (desired stopped) leaves Slurm job {still[0]} queued or running: "
                     f"{count} clean ticks did not cancel it (the last, {replica.name}'s: "
                     f"planned {report.planned}, deferred {report.deferred}, read "
                     f"{report.timings.get('read', 0.0):.1f}s, budget "

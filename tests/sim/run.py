@@ -32,6 +32,7 @@ import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from tests.sim.cluster import QUIET, Cluster, Faults, SimJob
@@ -242,16 +243,20 @@ class Simulation:
     def _active(self, name: str) -> bool:
         return name not in self.frozen and any(r.name == name for r in self.replicas)
 
-    def _tick(self, replica: Replica) -> None:
+    def _tick(self, replica: Replica, *, quiet: bool = False) -> bool:
+        """The replica's shard ticks (if it leads); whether a tick began."""
         epoch = replica.epoch
-        if replica.start_tick():
-            replica.tick_began = self.sched.next_seq()
-            self.inv.note_epoch(replica.deployment, replica.epoch, replica.name)
-            self.inv.on_tick_begin(replica)
-            self.log(replica.name, f"tick begins under epoch {replica.tick_epoch}"
-                     + (f" (took it from epoch {epoch})" if epoch != replica.tick_epoch else ""))
-        else:
-            self.log(replica.name, "tick: not the leader")
+        if not replica.start_tick():
+            if not quiet:
+                self.log(replica.name, "tick: not the leader")
+            return False
+        replica.tick_began = self.sched.next_seq()
+        self.inv.note_epoch(replica.deployment, replica.epoch, replica.name)
+        self.inv.on_tick_begin(replica)
+        self.log(replica.name, f"tick begins under epoch {replica.tick_epoch}" + (
+            "" if epoch == replica.tick_epoch else " (takes the lease)" if epoch is None
+            else f" (its epoch {epoch} had moved on)"))
+        return True
 
     def _keep(self, replica: Replica) -> None:
         said = replica.keep()
@@ -358,51 +363,54 @@ class Simulation:
 
     def _options(self) -> list[Action]:
         w = self.config.weights
-        out: list[Action] = []
-        for p in self.sched.points:
-            if self._active(p.actor):
-                out.append((w["resume"], f"{p.actor} proceeds: {p.label}",
-                            lambda p=p: self.sched.resume(p)))  # type: ignore[misc]
+        out: list[Action] = [(w["resume"], f"{p.actor} proceeds: {p.label}",
+                              partial(self.sched.resume, p))
+                             for p in self.sched.points if self._active(p.actor)]
         for r in self.replicas:
             if r.name in self.frozen:
                 continue
             boost = 3.0 if r.last is not None and r.last.replan_soon else 1.0
             if not r.ticking:
-                out.append((w["tick"] * boost, "", lambda r=r: self._tick(r)))  # type: ignore[misc]
+                out.append((w["tick"] * boost, "", partial(self._tick_step, r)))
                 if r.lease.held and r.deployment == MAIN:
-                    out.append((w["shed"], "", lambda r=r: self._shed(r)))  # type: ignore[misc]
-            out.append((w["keep"], "", lambda r=r: self._keep(r)))  # type: ignore[misc]
+                    out.append((w["shed"], "", partial(self._shed, r)))
+            out.append((w["keep"], "", partial(self._keep, r)))
             if r.deployment == MAIN:
-                out.append((w["freeze"], "", lambda r=r: self._freeze(r)))  # type: ignore[misc]
-                out.append((w["crash"], "", lambda r=r: self._crash(r)))  # type: ignore[misc]
+                out.append((w["freeze"], "", partial(self._freeze, r)))
+                out.append((w["crash"], "", partial(self._crash, r)))
         if len([r for r in self.replicas if r.deployment == MAIN]) < self.config.replicas:
-            out.append((w["restart"], "", lambda: self._restart(MAIN)))
-        out.append((w["time"], "time passes", lambda: self.clock.advance(
-            self.rng.uniform(1.0, 5.0))))
-        out.append((w["jump"], "time jumps past the TTL", lambda: self.clock.advance(
-            self.rng.uniform(TTL_S, 2 * TTL_S))))
+            out.append((w["restart"], "", partial(self._restart, MAIN)))
+        out.append((w["time"], "time passes", partial(self._advance, 1.0, 5.0)))
+        out.append((w["jump"], "time jumps past the TTL", partial(self._advance, TTL_S,
+                                                                  2 * TTL_S)))
         known = sum(1 for dep, _ in self.history.inserted if dep == MAIN)
         if known < self.config.max_jobs:
-            out.append((w["insert"], "", lambda: self._insert(MAIN)))
-        out += [(w["delete"], "", lambda: self._delete(MAIN)),
-                (w["rewrite"], "", lambda: self._rewrite(MAIN)),
-                (w["reinsert"], "", lambda: self._reinsert(MAIN)),
-                (w["stop"], "", lambda: self._desire(MAIN, "stopped")),
-                (w["hold"], "", lambda: self._desire(MAIN, "held")),
-                (w["run"], "", lambda: self._desire(MAIN, "run"))]
+            out.append((w["insert"], "", partial(self._insert, MAIN)))
+        out += [(w["delete"], "", partial(self._delete, MAIN)),
+                (w["rewrite"], "", partial(self._rewrite, MAIN)),
+                (w["reinsert"], "", partial(self._reinsert, MAIN)),
+                (w["stop"], "", partial(self._desire, MAIN, "stopped")),
+                (w["hold"], "", partial(self._desire, MAIN, "held")),
+                (w["run"], "", partial(self._desire, MAIN, "run"))]
         if NEIGHBOUR in self.databases and sum(
                 1 for dep, _ in self.history.inserted if dep == NEIGHBOUR) < 12:
-            out.append((w["nb_insert"], "", lambda: self._insert(NEIGHBOUR, desired="run")))
+            out.append((w["nb_insert"], "", partial(self._insert, NEIGHBOUR, desired="run")))
         runnable, running = self.cluster.runnable(), self.cluster.running()
         if runnable:
-            out.append((w["start_job"], "", lambda: self._cluster_event("start_job", runnable)))
+            out.append((w["start_job"], "", partial(self._cluster_event, "start_job",
+                                                    runnable)))
         if running:
-            for what in ("complete", "fail_exit", "node_fail", "preempt", "requeue"):
-                out.append((w[what], "", lambda what=what: self._cluster_event(  # type: ignore[misc]
-                    what, running)))
+            out += [(w[what], "", partial(self._cluster_event, what, running))
+                    for what in ("complete", "fail_exit", "node_fail", "preempt", "requeue")]
         out.append((w["save_state"], "", self.cluster.save_state))
         out.append((w["lose_state"], "", self.cluster.lose_state))
         return [option for option in out if option[0] > 0]
+
+    def _tick_step(self, replica: Replica) -> None:
+        self._tick(replica)
+
+    def _advance(self, least: float, most: float) -> None:
+        self.clock.advance(self.rng.uniform(least, most))
 
     async def run(self) -> None:
         for _ in range(self.config.steps):
@@ -462,15 +470,10 @@ class Simulation:
             for job in self.cluster.running():
                 if job.start is not None and job.start < now:
                     self.cluster.end(job, "COMPLETED", exit_code=0)
-            ticked: list[Replica] = []
             for r in list(self.replicas):
                 self._keep(r)
-            for r in list(self.replicas):
-                if not r.ticking and r.start_tick():
-                    r.tick_began = self.sched.next_seq()
-                    self.inv.note_epoch(r.deployment, r.epoch, r.name)
-                    self.inv.on_tick_begin(r)
-                    ticked.append(r)
+            ticked = [r for r in list(self.replicas)
+                      if not r.ticking and self._tick(r, quiet=True)]
             await self._drain()
             if self.inv.found:
                 return

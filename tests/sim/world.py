@@ -63,6 +63,9 @@ LEASE = "controller"  # the single-cluster daemon's lease
 SETTINGS = TickSettings(adopt_window_s=60, unknown_grace_s=120)
 DOC = {"command": ["true"], "workdir": "/tmp"}
 
+__all__ = ["BUDGET_S", "LEASE", "SETTINGS", "TTL_S", "Database", "LeaseRow", "Replica",
+           "Status", "TickReport", "new_database", "virtual_tick_time"]
+
 # the tables whose committed writes invariant (c) watches
 _WATCHED = ("JOB_STATUS", "SUBMISSIONS", "EVENTS")
 _PENDING_KEY = "sim_writes"
