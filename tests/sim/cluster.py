@@ -326,7 +326,7 @@ class Cluster:
 
     async def start(self, who: Caller, request: StartRequest) -> ObjectRef:
         name = discovery_name(request.job_id)
-        await self.sched.point(who.name, f"sbatch {name[-4:]} s={request.submission}")
+        await self.sched.point(who.name, f"sbatch {name} s={request.submission}")
         if self._chance(self.faults.sbatch_refused):
             self.sched.log(who.name, f"sbatch {name} s={request.submission}: refused "
                                      "(QOSMaxSubmitJobPerUserLimit)")

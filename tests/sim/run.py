@@ -152,19 +152,23 @@ class Result:
         names = _named(first.text)
         if names:
             mentions = [line for line in self.trace if names.search(line)]
-            lines.append(f"the {min(about, len(mentions))} last of {len(mentions)} steps about "
-                         f"{names.pattern.replace(chr(92) + 'b', '')}:")
-            lines += ["  " + line for line in mentions[-about:]]
+            lines.append(f"{min(about, len(mentions))} of the {len(mentions)} steps about "
+                         f"{names.pattern.replace(chr(92) + 'b', '')} (the first and the last):")
+            if len(mentions) > about:  # how it began, and how it ended
+                mentions = [*mentions[:8], "...", *mentions[8 - about:]]
+            lines += ["  " + line for line in mentions]
         lines.append(f"the last {min(tail, len(self.trace))} of {len(self.trace)} steps:")
         lines += ["  " + line for line in self.trace[-tail:]]
         return "\n".join(lines)
 
 
 def _named(text: str) -> re.Pattern[str] | None:
-    """A pattern for the jobs, Slurm jobs and replicas a violation names."""
-    words = dict.fromkeys(re.findall(r"\b(?:[JN]\d+|(?:main|nb)/r\d+)\b", text))
+    """A pattern for the jobs and Slurm jobs a violation names (else its replicas)."""
+    words = dict.fromkeys(re.findall(r"\b[JN]\d+\b", text))
     words.update(dict.fromkeys(f"(?:job|release|scancel|hold) {n}" for n in
                                re.findall(r"Slurm jobs? \[?'?(\d+)", text)))
+    if not words:
+        words = dict.fromkeys(re.findall(r"\b(?:main|nb)/r\d+\b", text))
     if not words:
         return None
     return re.compile("|".join(rf"\b{w}\b" for w in words))

@@ -32,6 +32,17 @@ def replay_command(seed: int, steps: int | None) -> str:
 
 def test_seed(seed: int, request: pytest.FixtureRequest) -> None:
     steps: int | None = request.config.getoption("--sim-steps")
-    result = run_seed(seed, steps=steps)
+    replay = replay_command(seed, steps)
+    try:
+        result = run_seed(seed, steps=steps)
+    except Exception as exc:  # the harness itself failed: still say how to replay it
+        raise AssertionError(f"seed {seed} raised; replay: {replay}") from exc
     if not result.ok:
-        pytest.fail(result.report(replay_command(seed, steps)), pytrace=False)
+        pytest.fail(result.report(replay), pytrace=False)
+
+
+def test_a_seed_replays_step_for_step() -> None:
+    """The same seed gives the same steps and the same findings (the replay promise)."""
+    first, second = run_seed(3), run_seed(3)
+    assert first.trace == second.trace
+    assert first.violations == second.violations
