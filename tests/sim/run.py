@@ -218,7 +218,7 @@ class Simulation:
     def _spawn(self, deployment: str) -> Replica:
         n = self._born[deployment] = self._born.get(deployment, 0) + 1
         replica = Replica(f"{deployment}/r{n}", self.databases[deployment], self.cluster,
-                          self.clock, on_db_write=self._committed,
+                          self.clock, order=self.sched.next_seq, on_db_write=self._committed,
                           on_tick_end=self._tick_ended)
         self.replicas.append(replica)
         return replica
@@ -254,7 +254,6 @@ class Simulation:
             if not quiet:
                 self.log(replica.name, "tick: not the leader")
             return False
-        replica.tick_began = self.sched.next_seq()
         self.inv.note_epoch(replica.deployment, replica.epoch, replica.name)
         self.inv.on_tick_begin(replica)
         self.log(replica.name, f"tick begins under epoch {replica.tick_epoch}" + (

@@ -194,8 +194,8 @@ class Replica:
     """One daemon replica of one deployment (module docstring)."""
 
     def __init__(self, name: str, db: Database, cluster: Cluster, clock: VirtualClock, *,
-                 on_db_write: DbWrite, on_tick_end: Callable[[Replica, TickReport | None],
-                                                               None]) -> None:
+                 order: Callable[[], int], on_db_write: DbWrite,
+                 on_tick_end: Callable[[Replica, TickReport | None], None]) -> None:
         self.name = name
         self.deployment = db.name
         self.db = db
@@ -213,6 +213,7 @@ class Replica:
         self.tick_began = 0  # when the last began, in the driver's order of events
         self.last: TickReport | None = None
         self.ending = ""  # how the last tick ended, when it did not return a report
+        self._order = order  # the driver's order of events (``Scheduler.next_seq``)
         self._on_db_write = on_db_write
         self._on_tick_end = on_tick_end
         self._watch()
@@ -253,6 +254,7 @@ class Replica:
             self.held_epoch = self.lease.epoch
         self.tick_epoch = self.lease.epoch
         self.ticks += 1
+        self.tick_began = self._order()
         self.task = asyncio.ensure_future(self._tick())
         return True
 
