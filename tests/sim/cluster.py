@@ -263,8 +263,8 @@ class Cluster:
         live = self.live()
         seen = [classify(job.record(accounting=False), source=Source.LIVE, cluster=CLUSTER,
                          now=now) for job in live]
-        self.reads.append(Snapshot(self.sched.next_seq(), who.name, who.ticks, who.tick_began,
-                                   frozenset(id(job) for job in live if job.active)))
+        snapshot = Snapshot(self.sched.next_seq(), who.name, who.ticks, who.tick_began,
+                            frozenset(id(job) for job in live if job.active))
         slow = self._chance(self.faults.read_slow)
         took = self._span(self.faults.read_slow_s if slow else self.faults.read_s)
         fail = self._chance(self.faults.read_fail)
@@ -274,6 +274,7 @@ class Cluster:
         self.clock.advance(took)
         if fail:
             raise TransientError("squeue: slurmctld unreachable (sim)")
+        self.reads.append(snapshot)  # (what the reader learnt)
         found: dict[str, list[ObjectObs]] = {job_id: [] for job_id in job_ids}
         for obs in seen:
             job_id = obs.ref.uid[3:]
