@@ -39,6 +39,7 @@ from tests.sim.cluster import QUIET, Cluster, Faults, SimJob
 from tests.sim.invariants import QUIET_TICKS, History, Invariants, Violation
 from tests.sim.sched import Scheduler, VirtualClock
 from tests.sim.world import (
+    BUDGET_S,
     TTL_S,
     Database,
     Replica,
@@ -104,8 +105,9 @@ def configure(seed: int, *, steps: int | None = None) -> Config:
                        reinsert=0.0, keep=2.5, freeze=0.0, crash=0.0, shed=0.0, jump=0.0,
                        fail_exit=0.0, node_fail=0.0, preempt=0.0, requeue=0.0,
                        lose_state=0.0)
-        faults = Faults(read_slow=1.0, read_slow_s=(BUDGET_READ_S, BUDGET_READ_S + 5.0))
-        replicas, max_jobs = 1 + (rng.random() < 0.5), 90
+        # every read outlasts the tick's budget (a third of the lease TTL)
+        faults = Faults(read_slow=1.0, read_slow_s=(BUDGET_S + 1.0, BUDGET_S + 6.0))
+        replicas, max_jobs = (2 if rng.random() < 0.5 else 1), 90
     elif profile == "refusals":  # sbatch refused for a limit while rows go away
         weights.update(delete=1.0, rewrite=0.3, stop=0.8)
         faults = replace(faults, sbatch_refused=0.4)
@@ -113,9 +115,6 @@ def configure(seed: int, *, steps: int | None = None) -> Config:
         neighbour = True
     return Config(seed, profile, replicas, neighbour, STEPS if steps is None else steps,
                   max_jobs, faults, weights)
-
-
-BUDGET_READ_S = 11.0  # a slow read in the burst profile: just past the tick's budget
 
 
 _ULID_RE = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
