@@ -47,6 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="simulate seed S alone (the replay of a failing seed)")
     parser.addoption("--sim-steps", type=int, default=None, metavar="K",
                      help="steps per seed before its quiet phase (default: tests/sim/run.py)")
+    parser.addoption("--sim-trace", action="store_true", default=False,
+                     help="a failing seed prints every step, not the last ones")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 LANES = ("host", "chroot", "free")
-SIM_SEEDS = 300
+SIM_SEEDS = 240
 # the chroot clusters (tests.slurm_fixtures.matrix's slurm_version)
 CHROOT_VERSIONS = frozenset({"24.11", "26.05"})
 # Modules that touch no Slurm cluster, no sshd of the fault suite and no shared server

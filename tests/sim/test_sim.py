@@ -5,7 +5,8 @@ after every step and at the end (``tests.sim.invariants``), and fails with the c
 that replays it and the steps that led to the violation.
 
 ``--sim-seeds N`` runs seeds 0..N-1 (tests/conftest.py has the default); ``--sim-seed
-S`` runs seed S alone; ``--sim-steps K`` changes the steps per seed.
+S`` runs seed S alone; ``--sim-steps K`` changes the steps per seed; ``--sim-trace``
+prints every step of a failing seed.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def test_seed(seed: int, request: pytest.FixtureRequest) -> None:
     except Exception as exc:  # the harness itself failed: still say how to replay it
         raise AssertionError(f"seed {seed} raised; replay: {replay}") from exc
     if not result.ok:
-        pytest.fail(result.report(replay), pytrace=False)
+        every = request.config.getoption("--sim-trace")
+        pytest.fail(result.report(replay, tail=len(result.trace) if every else 30),
+                    pytrace=False)
 
 
 def test_a_seed_replays_step_for_step() -> None:
