@@ -150,15 +150,25 @@ class Result:
         lines.append(f"replay: {replay}")
         names = _named(first.text)
         if names:
-            mentions = [line for line in self.trace if names.search(line)]
-            lines.append(f"{min(about, len(mentions))} of the {len(mentions)} steps about "
+            hits = [n for n, line in enumerate(self.trace) if names.search(line)]
+            # with the ticks and reads in between (when they fit): what was read when
+            named = set(hits)
+            shown = [n for n in range(hits[0], hits[-1] + 1) if n in named
+                     or _CONTEXT.search(self.trace[n])] if hits else []
+            if len(shown) > about:
+                shown = hits
+            lines.append(f"{min(about, len(shown))} of the {len(shown)} steps about "
                          f"{names.pattern.replace(chr(92) + 'b', '')} (the first and the last):")
+            mentions = [self.trace[n] for n in shown]
             if len(mentions) > about:  # how it began, and how it ended
                 mentions = [*mentions[:8], "...", *mentions[8 - about:]]
             lines += ["  " + line for line in mentions]
         lines.append(f"the last {min(tail, len(self.trace))} of {len(self.trace)} steps:")
         lines += ["  " + line for line in self.trace[-tail:]]
         return "\n".join(lines)
+
+
+_CONTEXT = re.compile(r"tick begins|squeue snapshot")
 
 
 def _named(text: str) -> re.Pattern[str] | None:
