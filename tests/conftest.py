@@ -40,6 +40,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="rewrite golden files in testdata/ instead of comparing")
     parser.addoption("--lane", choices=LANES, default=None,
                      help="run only this lane's tests (tests/conftest.py; scripts/test)")
+    # the interleaving simulator (tests/sim/test_sim.py)
+    parser.addoption("--sim-seeds", type=int, default=SIM_SEEDS, metavar="N",
+                     help=f"simulate seeds 0..N-1 (default {SIM_SEEDS})")
+    parser.addoption("--sim-seed", type=int, default=None, metavar="S",
+                     help="simulate seed S alone (the replay of a failing seed)")
+    parser.addoption("--sim-steps", type=int, default=None, metavar="K",
+                     help="steps per seed before its quiet phase (default: tests/sim/run.py)")
+    parser.addoption("--sim-trace", action="store_true", default=False,
+                     help="a failing seed prints every step, not the last ones")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,6 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 LANES = ("host", "chroot", "free")
+SIM_SEEDS = 240
 # the chroot clusters (tests.slurm_fixtures.matrix's slurm_version)
 CHROOT_VERSIONS = frozenset({"24.11", "26.05"})
 # Modules that touch no Slurm cluster, no sshd of the fault suite and no shared server
@@ -62,7 +72,7 @@ CLUSTER_FREE = frozenset({
     "test_runner_local", "test_schema", "test_script_exec", "test_script_golden",
     "test_script_refusals", "test_sluid", "test_store", "test_tick", "test_tick_burst",
     "test_tick_first_write", "test_tick_incremental", "test_tick_lost", "test_tick_memory",
-    "test_tick_fresh", "test_tick_sweep", "test_tick_owned", "test_scripts",
+    "test_tick_fresh", "test_tick_sweep", "test_tick_owned", "test_scripts", "test_sim",
 })
 _PG_FIXTURES = frozenset({"pg_url", "pg_store", "any_store"})
 # Modules that use every cluster at once (the host's and both chroot clusters, and
