@@ -21,7 +21,7 @@ import gc
 from collections.abc import Collection
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from controller.errors import CommandFailed, ErrBackPressure, LeaseLost, TransientError
 from controller.metrics import Metrics
@@ -29,6 +29,7 @@ from controller.model.ids import new_job_id
 from controller.model.job import Desired
 from controller.model.obs import (
     Cause,
+    CauseKind,
     ObjectObs,
     ObjectRef,
     Source,
@@ -39,7 +40,7 @@ from controller.reconcile.tick import Reconciler, TickSettings
 from controller.store import repo
 from controller.store.db import Store
 from controller.store.lease import Lease
-from controller.store.models import JobStatus, Submission
+from controller.store.models import JobStatus, Submission, Tombstone
 from tests.fakeslurm import FakeJob, FakeSlurm
 
 DOC = {"command": ["true"], "workdir": "/tmp"}
@@ -361,3 +362,66 @@ def test_a_ref_whose_status_did_not_take_it_leaves_a_duplicate_row(
 
 
 
+
+
+def test_tombstones_expire_by_the_databases_clock(any_store: Store) -> None:
+    """A tombstone's age is read on the clock that stamped it (the database's), never on
+    the daemon's: a daemon whose clock runs weeks ahead keeps its tombstones."""
+    job = add(any_store)
+    delete(any_store, job)
+    with any_store.transaction() as tx:
+        assert repo.prune_tombstones(tx, ttl_s=3600) == 0
+        assert repo.tombstoned(tx, [job]) == {job}
+    with any_store.transaction() as tx:
+        tx.execute(update(Tombstone).values(deleted_at_ms=Tombstone.deleted_at_ms - 7200_000))
+    with any_store.transaction() as tx:
+        assert repo.prune_tombstones(tx, ttl_s=3600) == 1
+        assert repo.tombstoned(tx, [job]) == set()
+
+
+async def test_a_row_written_again_while_its_job_runs_takes_that_jobs_ending(
+        sqlite_store: Store) -> None:
+    """A running job's row is deleted and written again, and the job completes before
+    the new row's first plan: the new row takes that ending (succeeded), it is not
+    submitted again (the simulator's seed 56: the work ran twice)."""
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    job = add(sqlite_store)
+    r = rec(sqlite_store, fake, clock)
+    await r.tick()
+    fake.run_all_pending()
+    await r.tick()
+    (sid,) = fake.jobs
+    delete(sqlite_store, job)
+    add(sqlite_store, job)
+    clock[0] += 5
+    fake.end(sid, CauseKind.COMPLETED)
+    await r.tick()
+    await r.tick()
+    assert list(fake.jobs) == [sid] and fake.calls.count("start") == 1
+    row = status(sqlite_store, job)
+    assert row is not None and (row.phase, row.slurm_job_id) == ("succeeded", sid)
+
+
+def test_the_adapters_write_guard_holds_the_ticks_epoch(sqlite_store: Store) -> None:
+    """The adapter's last-moment write guard (``Lease.guard``, wired into every Slurm
+    write) refuses once the lease was taken again behind the tick that pinned its epoch
+    (the simulator's seed 5: a gated sbatch landed under epoch 3 for a tick of epoch 1)."""
+    clock = [NOW]
+    mono = [100.0]
+    ours = Lease(sqlite_store, ttl_s=10, margin_s=1, holder="a", clock=lambda: clock[0],
+                 monotonic=lambda: mono[0])
+    rival = Lease(sqlite_store, ttl_s=10, margin_s=1, holder="b", clock=lambda: clock[0],
+                  monotonic=lambda: mono[0])
+    assert ours.try_acquire()
+    ours.pin()  # a tick begins
+    ours.guard()
+    clock[0] += 20
+    mono[0] += 20
+    assert rival.try_acquire()
+    rival.release()
+    assert ours.try_acquire() and ours.epoch == 3
+    with pytest.raises(LeaseLost):
+        ours.guard()  # the tick of epoch 1 is still running
+    ours.pin()  # the next tick, under epoch 3
+    ours.guard()

@@ -117,8 +117,7 @@ class Sweeper:
         self._pruned_at = now
         try:
             with write() as tx:
-                repo.prune_tombstones(
-                    tx, before_ms=(now - self.settings.tombstone_ttl_s) * 1000)
+                repo.prune_tombstones(tx, ttl_s=self.settings.tombstone_ttl_s)
         except LeaseLost:
             raise
         except DispatchError as exc:

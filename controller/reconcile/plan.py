@@ -537,6 +537,12 @@ def _adopt(b: _Builder, ours: Sequence[ObjectObs]) -> None:
         before = b.original  # the submission number as loaded, before live objects moved it
         live = [o for o in ours if not counts_as_ended(o) and o.submission is not None
                 and not _abandoned(before, o)]
+        if not live and before.submission == 0:
+            # a row that never submitted, yet objects of ours carry its id: a row deleted
+            # and written again. A job of that earlier life that ran and ended (still in
+            # squeue) is this row's outcome: adopted, followed to its end, never run again
+            live = [o for o in ours if counts_as_ended(o) and o.submission is not None
+                    and o.start is not None and o.cause.kind != CauseKind.CANCELLED]
         if live:
             obs = max(live, key=lambda o: (o.submission or 0, o.ref.id))
             assert obs.submission is not None

@@ -136,6 +136,7 @@ class Lease:
         self._monotonic = monotonic
         self.epoch: int | None = None  # the epoch we hold, None when not the holder
         self._deadline = float("-inf")  # monotonic: our lease surely holds until then
+        self._pinned: int | None = None  # the epoch the last tick began with (``pin``)
         self._lock = threading.RLock()  # the state: epoch and deadline
         self._io = threading.RLock()  # the round trips: renew, take, release
 
@@ -290,12 +291,16 @@ class Lease:
     # ------------------------------------------------------------ the fence
 
     def pin(self) -> Pinned:
-        """The fence of one tick: this lease at the epoch held now (module docstring)."""
-        return Pinned(self, self.epoch)
+        """The fence of one tick: this lease at the epoch held now (module docstring).
+        It is also the epoch ``guard`` checks from now on -- the adapter's write guard,
+        the last moment before a Slurm command -- until the next tick pins anew."""
+        pinned = Pinned(self, self.epoch)
+        self._pinned = pinned.epoch
+        return pinned
 
     def check(self, tx: Session) -> None:
         """Fence a write transaction at the epoch held now (``Pinned.check``)."""
-        self.pin().check(tx)
+        Pinned(self, self.epoch).check(tx)
 
     def _check_at(self, tx: Session, epoch: int | None) -> None:
         """The fence's statement for ``epoch``: an UPDATE of our row at that epoch; a
@@ -318,8 +323,10 @@ class Lease:
             self.renew()
 
     def guard(self) -> None:
-        """Before a Slurm write, at the epoch held now (``Pinned.guard``)."""
-        self.pin().guard()
+        """Before a Slurm write (the adapter's write guard): at the epoch the tick in
+        progress pinned (``pin``), else at the epoch held now (``Pinned.guard``). A lease
+        taken again behind a tick never lets that tick's last-moment writes through."""
+        self._guard_at(self._pinned if self._pinned is not None else self.epoch)
 
     def _guard_at(self, epoch: int | None) -> None:
         """``LeaseLost`` unless the lease surely holds ``epoch``, with margin. Reads two

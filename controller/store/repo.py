@@ -928,9 +928,19 @@ def tombstoned(tx: Session, job_ids: Sequence[str]) -> set[str]:
     return {row[0] for row in _by_ids(tx, select(Tombstone.job_id), Tombstone.job_id, ids)}
 
 
-def prune_tombstones(tx: Session, *, before_ms: int) -> int:
-    """Drop the tombstones of rows deleted before ``before_ms``; how many."""
-    result = tx.execute(delete(Tombstone).where(Tombstone.deleted_at_ms < before_ms))
+# the database's own clock in milliseconds, as the tombstone trigger reads it (migration
+# 0006): a tombstone's age is measured on the clock that stamped it, never the daemon's
+_DB_NOW_MS = {
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+    "postgresql": "(extract(epoch from clock_timestamp()) * 1000)::bigint",
+}
+
+
+def prune_tombstones(tx: Session, *, ttl_s: int) -> int:
+    """Drop the tombstones older than ``ttl_s`` by the database's clock; how many."""
+    now = _DB_NOW_MS[tx.get_bind().dialect.name]
+    result = tx.execute(delete(Tombstone).where(
+        Tombstone.deleted_at_ms < text(f"{now} - :ttl_ms").bindparams(ttl_ms=ttl_s * 1000)))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
