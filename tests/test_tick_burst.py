@@ -248,7 +248,7 @@ async def test_a_slice_is_started_a_wave_at_a_time_while_the_next_is_planned(
     r = rec(sqlite_store, fake, clock, submit_slice=12, action_concurrency=3)
     commit = r.applier.commit_plans
 
-    def counting(plans: object, now: int) -> set[str]:
+    def counting(plans: object, now: int) -> tuple[set[str], set[str]]:
         out = commit(plans, now)  # type: ignore[arg-type]
         commits.append(len(plans))  # type: ignore[arg-type]
         return out

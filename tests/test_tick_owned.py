@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import pytest
 from sqlalchemy import select, update
@@ -425,3 +425,38 @@ def test_the_adapters_write_guard_holds_the_ticks_epoch(sqlite_store: Store) -> 
         ours.guard()  # the tick of epoch 1 is still running
     ours.pin()  # the next tick, under epoch 3
     ours.guard()
+
+
+async def test_a_plan_of_a_row_that_moved_while_the_tick_ran_is_not_written(
+        sqlite_store: Store) -> None:
+    """The row is deleted and written again while the tick reads accounting for it: the
+    plan made from the old row is not committed (the simulator's seed 410: it wrote a
+    submission row of the old life into the new row, whose own first Start was then
+    taken for a duplicate and cancelled, and the job ended cancelled without running)."""
+    clock = [NOW]
+    hook: list[str] = []  # the rows written again while sacct is read
+
+    class Rewritten(FakeSlurm):
+        async def inspect_many(self, refs: Sequence[ObjectRef], *,
+                               since: int) -> dict[ObjectRef, ObjectObs]:
+            for job_id in hook:
+                delete(sqlite_store, job_id)
+                add(sqlite_store, job_id)
+            hook.clear()
+            return await super().inspect_many(refs, since=since)
+
+    fake = Rewritten(clock)
+    job = add(sqlite_store)
+    r = rec(sqlite_store, fake, clock)
+    await r.tick()
+    fake.run_all_pending()
+    await r.tick()
+    (sid,) = fake.jobs
+    fake.end(sid, CauseKind.COMPLETED)
+    fake.forget(sid)  # left squeue: the tick asks sacct, and the row moves meanwhile
+    hook.append(job)
+    report = await r.tick()
+    with sqlite_store.transaction() as tx:
+        assert [(s.submission, s.slurm_job_id) for s in repo.list_submissions(tx, job)] == []
+    assert status(sqlite_store, job) is None
+    assert report.replan_soon  # planned again at once, from the new row

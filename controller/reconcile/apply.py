@@ -95,9 +95,18 @@ class Applier:
             yield tx
 
     def commit_plans(self, plans: Sequence[tuple[repo.LoadedJob, Plan]],
-                      now: int) -> set[str]:
-        """Write what the plans changed; returns the ids whose status row was written."""
+                     now: int) -> tuple[set[str], set[str]]:
+        """Write what the plans changed, of the plans whose job row is still the one they
+        were made from (the row versions, compared and locked in the fenced transaction:
+        a row deleted, or written again, or changed by a client since it was read is
+        planned again next tick, and nothing of its stale plan is written or done);
+        returns the ids whose status row was written, and the ids left stale."""
         with self.write() as tx:
+            versions = repo.locked_versions(tx, [job.state.job_id for job, _ in plans])
+            stale = {job.state.job_id for job, _ in plans
+                     if versions.get(job.state.job_id) != job.version}
+            if stale:
+                plans = [(job, p) for job, p in plans if job.state.job_id not in stale]
             written = repo.save_statuses(tx, (
                 repo.StatusWrite(p.status, job.has_status, job.reject_reason, job.previous)
                 for job, p in plans), now=now, cluster=self.here)
@@ -112,7 +121,7 @@ class Applier:
             repo.insert_events(tx, events, now=now)
         for job, p in plans:
             self._count_transitions(job.state, p.status)
-        return written
+        return written, stale
 
     def _moves(self, plans: Sequence[tuple[repo.LoadedJob, Plan]], report: TickReport) -> None:
         """The clusters the committed plans moved jobs to (their shards tick soon)."""
@@ -146,7 +155,13 @@ class Applier:
             return
         report.planned += len(plans)
         t0 = time.perf_counter()
-        written = self.commit_plans(plans, ctx.now) if plans else set()
+        written, stale = self.commit_plans(plans, ctx.now) if plans else (set(), set())
+        if stale:  # their rows moved since they were read: planned again, at once
+            plans = [(job, p) for job, p in plans if job.state.job_id not in stale]
+            outcomes = [(item, None if item.job_id in stale else p) for item, p in outcomes]
+            report.deferred += len(stale)
+            log.info("plans of rows that moved since they were read: not written, planned "
+                     "again", extra={"jobs": sorted(stale)[:20], "count": len(stale)})
         if self.here is not None:
             self._moves(plans, report)
         self.memory.remember(outcomes, written, ctx, epoch)

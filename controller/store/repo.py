@@ -922,6 +922,17 @@ def ownership(tx: Session, job_ids: Sequence[str]) -> tuple[set[str], set[str]]:
     return tracked, known
 
 
+def locked_versions(tx: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """``jobs.version`` of each of ``job_ids`` that still has a row, those rows locked
+    until the transaction ends (PostgreSQL: FOR UPDATE; on SQLite the fence's first
+    statement took the database's write lock already): a plan made from a row is
+    committed only while the row is the one it was made from."""
+    query = select(Job.id, Job.version)
+    if tx.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return {row[0]: int(row[1]) for row in _by_ids(tx, query, Job.id, sorted(set(job_ids)))}
+
+
 def tombstoned(tx: Session, job_ids: Sequence[str]) -> set[str]:
     """The ids among ``job_ids`` whose row was deleted once (a tombstone)."""
     ids = sorted(set(job_ids))
