@@ -116,7 +116,8 @@ class Reconciler:
     def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
                  clock: Clock = time.time, settings: TickSettings | None = None,
                  fence: Fence | None = None, budget_s: float | None = None,
-                 clusters: Clusters | None = None) -> None:
+                 clusters: Clusters | None = None,
+                 timer: Clock = time.perf_counter) -> None:
         self.store = store
         # the configured clusters and this shard's (None: one cluster, no placement):
         # this reconciler plans only the jobs placed on its cluster, or not placed yet
@@ -126,6 +127,9 @@ class Reconciler:
         # after this many seconds a tick takes on no further chunk of jobs (the daemon
         # passes a third of the lease TTL); None: no bound
         self.budget_s = budget_s
+        # the monotonic clock of the budget and the phase timings (injected: a simulator
+        # runs it in virtual time)
+        self.timer = timer
         # the leader lease: fences every write transaction and every Slurm write
         self.fence: Fence = fence if fence is not None else NoFence()
         self.adapter = adapter
@@ -187,14 +191,14 @@ class Reconciler:
         return self.applier.write()
 
     async def tick(self) -> TickReport:
-        started = time.perf_counter()
+        started = self.timer()
         report = TickReport()
         # every write of this tick is fenced on the epoch it begins with
         self.applier.fence = self.fence.pin()
         try:
             await self._tick(report)
         finally:
-            report.duration_s = time.perf_counter() - started
+            report.duration_s = self.timer() - started
             self.metrics.tick_duration.observe(report.duration_s)
         result = "ok" if report.slurm_ok else "slurm-unreachable"
         self.metrics.ticks.labels(result=result).inc()
@@ -207,7 +211,7 @@ class Reconciler:
         """The recipe: load, read (submitting what needs no read meanwhile), select,
         plan and apply chunk by chunk, sweep, publish."""
         now = self.now()
-        began = time.perf_counter()
+        began = self.timer()
         self.memory.begin()
         memos, wanted = self._load(report)
         ctx = self._context(now)
@@ -224,29 +228,29 @@ class Reconciler:
         await self._plan_all(todo, acct, acct_ok, ctx=ctx, epoch=epoch, slots=slots,
                              report=report, began=began)
         self.memory.end()
-        t0 = time.perf_counter()
+        t0 = self.timer()
         await self.sweeper.run(strays, memos, report=report, now=now, write=self._write,
                                guard=self.applier.fence.guard,
                                record_event=self.applier.record_event)
         report.replan_soon = bool(self.outcomes) or report.deferred > 0
-        report.timings["apply"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
+        report.timings["apply"] += self.timer() - t0
+        t0 = self.timer()
         gauges.refresh(self.metrics, self.memory.gauges(), store=self.store, here=self.here,
                        clusters=self.clusters, now=now)
-        report.timings["gauges"] = time.perf_counter() - t0
+        report.timings["gauges"] = self.timer() - t0
 
     def _load(self, report: TickReport) -> tuple[dict[str, Memo], list[str]]:
         """The tracked jobs (their row versions), and the ids the live read asks for:
         the rows not validated yet too (their observations are ignored if they turn out
         invalid); never a malformed id, nor a job another cluster's shard plans."""
-        t0 = time.perf_counter()
+        t0 = self.timer()
         memos = self.memory.track(report)
         wanted = [job_id for job_id, memo in memos.items()
                   if not memo.elsewhere and (
                       memo.valid or (memo.valid is None and is_job_id(job_id)))]
         report.tracked = len(memos) - sum(1 for memo in memos.values() if memo.elsewhere)
         self.metrics.tracked.set(report.tracked)
-        report.timings["load"] = time.perf_counter() - t0
+        report.timings["load"] = self.timer() - t0
         return memos, wanted
 
     def _context(self, now: int) -> PlanContext:
@@ -263,7 +267,7 @@ class Reconciler:
         new jobs that no object can belong to are planned and submitted (``_fresh``):
         the live observations, the strays (our-format objects of no tracked job), the ids
         planned before the read and the submit slots left; None when the read failed."""
-        t0 = time.perf_counter()
+        t0 = self.timer()
         strays: dict[str, list[ObjectObs]] = {}
         found: list[Mapping[str, Sequence[ObjectObs]]] = []
         read_done: list[float] = []
@@ -280,7 +284,7 @@ class Reconciler:
                 self.metrics.slurm_up.set(0)
                 raise
             finally:
-                read_done.append(time.perf_counter())
+                read_done.append(self.timer())
 
         # the Starts made since the last read began may be missing from ``_seen``; those
         # of this tick (and later ones) may be missing from this read
@@ -321,7 +325,7 @@ class Reconciler:
                 self._seen = {job_id for job_id, seen in live.items() if seen}
                 self._seen.update(strays)
             report.timings["read"] = (read_done[0] if read_done
-                                      else time.perf_counter()) - t0
+                                      else self.timer()) - t0
         return None if live is None else (live, strays, fresh, slots)
 
     def _select(self, live: Mapping[str, Sequence[ObjectObs]], now: int, epoch: int, *,
@@ -329,7 +333,7 @@ class Reconciler:
         """The jobs to plan after the read, in order (``Memory``): a few are read in full
         at once; many (a new leader's first tick) go the likely actors first and are
         read a chunk at a time as they are planned."""
-        t0 = time.perf_counter()
+        t0 = self.timer()
         memory = self.memory
         todo = memory.unsettled(live, now, epoch, report, planned=planned)
         if len(todo) <= max(1, self.settings.plan_chunk):
@@ -338,16 +342,16 @@ class Reconciler:
         else:
             memory.order(todo, report)
             todo = memory.past_slice(todo, epoch, report)
-        report.timings["select"] += time.perf_counter() - t0
+        report.timings["select"] += self.timer() - t0
         return todo
 
     async def _read_accounting(self, todo: Sequence[Todo], now: int, report: TickReport,
                                ) -> tuple[dict[ObjectRef, ObjectObs], bool]:
-        t0 = time.perf_counter()
+        t0 = self.timer()
         acct, acct_ok = await self._accounting(todo, now)
         report.accounting_ok = acct_ok
         self.metrics.accounting_up.set(1 if acct_ok else 0)
-        report.timings["read"] += time.perf_counter() - t0
+        report.timings["read"] += self.timer() - t0
         return acct, acct_ok
 
     async def _plan_all(self, todo: list[Todo], acct: dict[ObjectRef, ObjectObs],
@@ -364,9 +368,9 @@ class Reconciler:
                 for item in todo[start:]:
                     item.row = None
                 break
-            t0 = time.perf_counter()
+            t0 = self.timer()
             part = self.memory.with_rows(todo[start:start + chunk], report)
-            report.timings["select"] += time.perf_counter() - t0
+            report.timings["select"] += self.timer() - t0
             slots = await self._plan_chunk(part, acct, acct_ok, ctx=ctx, epoch=epoch,
                                            slots=slots, report=report)
             del part  # this chunk's rows go now, not when the next chunk's replace them
@@ -377,7 +381,7 @@ class Reconciler:
     def _spent(self, began: float) -> bool:
         """The tick begun at ``began`` is past its time budget: it takes on no further
         chunk (the first always goes)."""
-        return self.budget_s is not None and time.perf_counter() - began > self.budget_s
+        return self.budget_s is not None and self.timer() - began > self.budget_s
 
     async def _fresh(self, memos: dict[str, Memo], ctx: PlanContext, *, epoch: int,
                      slots: int, report: TickReport, began: float) -> tuple[set[str], int]:
@@ -395,7 +399,7 @@ class Reconciler:
         is spent; the rest wait for the next tick, unread (``deferred``)."""
         if self._seen is None:
             return set(), slots
-        t0 = time.perf_counter()
+        t0 = self.timer()
         seen, pending = self._seen, self.outcomes
         started = self._started_before_read
         candidates = [job_id for job_id, memo in memos.items()
@@ -412,20 +416,20 @@ class Reconciler:
                                            started_since_read=started, tombstoned=gone)]
         todo = [Todo(job_id, memos[job_id], NO_OBS) for job_id in candidates]
         if not todo:
-            report.timings["select"] += time.perf_counter() - t0
+            report.timings["select"] += self.timer() - t0
             return set(), slots
         todo.sort(key=newest_first)  # stable: a burst keeps its order
         planned = {item.job_id for item in todo}
-        report.timings["select"] += time.perf_counter() - t0
+        report.timings["select"] += self.timer() - t0
         # a chunk (at most the slots left) at a time, until the slots are used (a row
         # that turns out invalid, or stopped, takes none) or the tick's budget is spent
         done = 0
         while done < len(todo) and slots > 0 and not (done and self._spent(began)):
-            t0 = time.perf_counter()
+            t0 = self.timer()
             piece = todo[done:done + min(slots, max(1, self.settings.plan_chunk))]
             done += len(piece)
             part = self.memory.with_rows(piece, report)
-            report.timings["select"] += time.perf_counter() - t0
+            report.timings["select"] += self.timer() - t0
             slots = await self._plan_chunk(part, {}, True, ctx=ctx, epoch=epoch,
                                            slots=slots, report=report)
         report.deferred += len(todo) - done
@@ -436,7 +440,7 @@ class Reconciler:
                           report: TickReport) -> int:
         """Plan one chunk of jobs (their rows read), commit and act in waves
         (``Applier.launch``), then release its recorded Submits; the submit slots left."""
-        t0 = time.perf_counter()
+        t0 = self.timer()
         acts = Acts(self.settings.action_concurrency)
         plans: list[tuple[repo.LoadedJob, Plan]] = []
         outcomes: list[tuple[Todo, Plan | None]] = []
@@ -474,17 +478,17 @@ class Reconciler:
                 if submits >= acts.wave:
                     # a wave of Submits: committed and started now, while the rest
                     # of the chunk is planned (the Start batches never run dry)
-                    report.timings["plan"] += time.perf_counter() - t0
+                    report.timings["plan"] += self.timer() - t0
                     self.applier.launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
                     plans, outcomes, submits = [], [], 0
                     await acts.room()
                     await asyncio.sleep(0)  # the wave's Starts are queued now
-                    t0 = time.perf_counter()
+                    t0 = self.timer()
                 elif acts.busy and len(outcomes) % _YIELD_EVERY == 0:
                     # a wave is in flight: let its Start batches be spawned and
                     # their outcomes handled while this one is planned
                     await asyncio.sleep(0)
-            report.timings["plan"] += time.perf_counter() - t0
+            report.timings["plan"] += self.timer() - t0
             self.applier.launch(plans, outcomes, acts, ctx=ctx, epoch=epoch, report=report)
         except asyncio.CancelledError:
             acts.cancel()  # (a failed read: ``_tick``) no Start of this chunk waits on

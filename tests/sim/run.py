@@ -45,7 +45,6 @@ from tests.sim.world import (
     Replica,
     TickReport,
     new_database,
-    virtual_tick_time,
 )
 
 PROFILES = ("mixed", "stall", "rewrite", "burst", "refusals", "neighbour")
@@ -536,8 +535,7 @@ def run_seed(seed: int, *, steps: int | None = None) -> Result:
     """Run one seed from scratch (its own databases under /tmp, its own event loop)."""
     config = configure(seed, steps=steps)
     clock = VirtualClock()
-    with tempfile.TemporaryDirectory(prefix="dispatch-sim-", dir="/tmp") as where, \
-            virtual_tick_time(clock):
+    with tempfile.TemporaryDirectory(prefix="dispatch-sim-", dir="/tmp") as where:
         sim = Simulation(config, Path(where), clock)
         loop = asyncio.new_event_loop()
         try:

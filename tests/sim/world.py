@@ -19,35 +19,28 @@ Production code being changed elsewhere should only ever need this file changed 
 * every committed write of a replica to ``job_status``, ``submissions`` or ``events`` is
   reported with the lease epoch it was fenced with (SQLAlchemy engine events), for
   invariant (c);
-* ``virtual_tick_time``: the tick measures its budget with ``time.perf_counter``; the
-  tick module's ``time`` is replaced (for the run only, by pytest's ``MonkeyPatch``)
-  with one whose ``perf_counter`` is the virtual monotonic clock;
-* ``pending_outcomes``: the reconciler's action outcomes waiting for a plan (a private
-  attribute: there is no public view of them).
+* the tick's budget and timings run on the virtual monotonic clock (``timer``);
+* ``pending_outcomes``: the reconciler's action outcomes waiting for a plan
+  (``Reconciler.outcomes``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import gc
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import event, select, text
 
 from controller.client import Client
 from controller.errors import DispatchError, ErrNotFound, LeaseLost
 from controller.metrics import Metrics
 from controller.model.job import Desired
-from controller.reconcile import tick as tick_module
 from controller.reconcile.tick import Reconciler, TickReport, TickSettings
 from controller.store.db import Store
 from controller.store.lease import Lease, read_lease
@@ -64,7 +57,7 @@ SETTINGS = TickSettings(adopt_window_s=60, unknown_grace_s=120)
 DOC = {"command": ["true"], "workdir": "/tmp"}
 
 __all__ = ["BUDGET_S", "LEASE", "SETTINGS", "TTL_S", "Database", "LeaseRow", "Replica",
-           "Status", "TickReport", "new_database", "virtual_tick_time"]
+           "Status", "TickReport", "new_database"]
 
 # the tables whose committed writes invariant (c) watches
 _WATCHED = ("JOB_STATUS", "SUBMISSIONS", "EVENTS")
@@ -93,33 +86,6 @@ def new_database(path: Path) -> str:
     if wal.exists():
         shutil.copyfile(wal, path.with_name(path.name + "-wal"))
     return f"sqlite:///{path}"
-
-
-@contextmanager
-def virtual_tick_time(clock: VirtualClock) -> Iterator[None]:
-    """The tick's ``time.perf_counter`` (its budget, its timings) reads virtual time, for
-    the run only; and the collector is left as it was found (a tick switches it off while
-    it runs, for the whole process)."""
-    collecting = gc.isenabled()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tick_module, "time", _TickTime(clock))
-        try:
-            yield
-        finally:
-            if collecting:
-                gc.enable()
-            else:
-                gc.disable()
-
-
-class _TickTime:
-    """The ``time`` module as the tick module sees it during a run."""
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.perf_counter = clock.mono
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +171,7 @@ class Replica:
                            clock=clock.wall, monotonic=clock.mono)
         self.reconciler = Reconciler(self.store, Port(cluster, self), metrics=Metrics(),
                                      clock=clock.wall, settings=SETTINGS, fence=self.lease,
-                                     budget_s=BUDGET_S)
+                                     budget_s=BUDGET_S, timer=clock.mono)
         self.held_epoch: int | None = None  # the epoch the last tick ran under (Shard)
         self.tick_epoch: int | None = None  # the epoch the tick in flight began under
         self.task: asyncio.Future[None] | None = None
@@ -234,8 +200,7 @@ class Replica:
 
     def pending_outcomes(self) -> list[str]:
         """The job ids with an action outcome no plan has spent yet."""
-        book: dict[str, Any] = getattr(self.reconciler, "_outcomes", None) or {}
-        return sorted(book)
+        return sorted(self.reconciler.outcomes.ids())
 
     # ------------------------------------------------------------ Shard and keeper
 
