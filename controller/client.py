@@ -94,6 +94,24 @@ class Client:
         with self.store.transaction() as tx:
             return [u.to_json() for u in repo.list_unowned(tx, cluster)]
 
+    def claims(self) -> tuple[str | None, list[repo.ClaimRow]]:
+        """This database's deployment id (None before a leader first claimed a cluster)
+        and its claim of each cluster's ownership marker."""
+        with self.store.transaction() as tx:
+            return repo.read_deployment_id(tx), repo.list_claims(tx)
+
+    def take_claim(self, cluster: str, token: str) -> str:
+        """Record ``token`` as the marker this database wrote to ``cluster`` (the
+        operator's ``dispatchctl owner --take``, which writes the marker next); the
+        deployment id."""
+        now = int(self.clock())
+        with self.store.transaction() as tx:
+            deployment = repo.deployment_id(tx, new=token, now=now)
+            row = repo.read_claim(tx, cluster)
+            repo.save_claim(tx, cluster, token=token,
+                            previous=row.token if row is not None else None, now=now)
+        return deployment
+
     def describe(self, job_id: str | None = None) -> Description:
         """The leader lease and (with ``job_id``) the job's submissions and events, read
         in one transaction."""

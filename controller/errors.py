@@ -74,6 +74,11 @@ class LeaseLost(DispatchError):
     act): it must make no write to Slurm or the database until it holds a lease again."""
 
 
+class OwnershipConflict(DispatchError):
+    """Another database that carries this deployment's id acts on the same cluster (a
+    backup restored while its deployment runs): this leader refuses to act."""
+
+
 class CommandFailed(DispatchError):
     """A command ran and exited non-zero with an error that is not classified further."""
 

@@ -76,6 +76,10 @@ class Families:
         self.unowned = Gauge("dispatch_unowned_jobs", "Live dj- Slurm jobs of the Slurm user "
                              "whose id this database never had (a neighbouring "
                              "deployment's): never written.", c, registry=r)
+        self.ownership_conflict = Gauge("dispatch_ownership_conflict", "1 when another "
+                                        "database with this deployment's id acts on the "
+                                        "cluster (a restored backup): the leader refuses "
+                                        "to act.", c, registry=r)
         self.action_errors = Counter("dispatch_action_errors_total", "Slurm actions that "
                                      "failed, by action.", [*c, "action"], registry=r)
         self.tick_duration = Histogram("dispatch_tick_duration_seconds", "Reconcile tick "
@@ -155,6 +159,7 @@ class Metrics:
         self.endings = Bound(f.endings, cluster)
         self.duplicates = f.duplicates.labels(cluster=cluster)
         self.unowned = f.unowned.labels(cluster=cluster)
+        self.ownership_conflict = f.ownership_conflict.labels(cluster=cluster)
         self.action_errors = Bound(f.action_errors, cluster)
         self.tick_duration = f.tick_duration.labels(cluster=cluster)
         self.last_tick = f.last_tick.labels(cluster=cluster)

@@ -40,6 +40,7 @@ class FakeSlurm:
         self.crash_after_sbatch = False
         self.accounting: dict[int, ObjectObs] = {}
         self.started: set[int] = set()  # ids whose batch step started (an output file)
+        self.markers: dict[str, str] = {}  # ownership markers, by deployment id
 
     def _obs(self, job_id: str, slurm_id: int, req: StartRequest) -> ObjectObs:
         now = self.clock[0]
@@ -116,6 +117,13 @@ class FakeSlurm:
 
     async def cluster_stats(self) -> ClusterStats:
         return ClusterStats(running=0, pending=0)
+
+    async def owner_marker(self, deployment: str) -> str | None:
+        return self.markers.get(deployment)
+
+    async def set_owner_marker(self, deployment: str, token: str) -> None:
+        self.calls.append("mark")
+        self.markers[deployment] = token
 
     # ---- test controls
     def run(self, slurm_id: int) -> None:

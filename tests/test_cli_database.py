@@ -33,6 +33,7 @@ DATABASE_COMMANDS = {
     "logs": [JOB_ID],
     "migrate": [],
     "run": [],
+    "owner": [],
 }
 # the commands that never touch the database
 NO_DATABASE = {"preflight", "config"}

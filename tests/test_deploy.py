@@ -112,7 +112,8 @@ def test_alerts_are_the_expected_set() -> None:
     assert [r["alert"] for r in alert_rules()] == [
         "DispatchNoSuccessfulTick", "DispatchSlurmUnreachable", "DispatchResubmissionStorm",
         "DispatchJobsStuckPending", "DispatchStaleRunningJobs", "DispatchNoLeader",
-        "DispatchShardUnowned", "DispatchAccountingDown", "DispatchJobsOnUnconfiguredCluster"]
+        "DispatchShardUnowned", "DispatchAccountingDown", "DispatchJobsOnUnconfiguredCluster",
+        "DispatchOwnershipConflict"]
 
 
 @pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])

@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
-from controller.errors import CommandFailed, ErrBackPressure, LeaseLost, TransientError
+from controller.errors import (
+    CommandFailed,
+    ErrBackPressure,
+    LeaseLost,
+    OwnershipConflict,
+    TransientError,
+)
 from controller.metrics import Metrics
 from controller.model.ids import new_job_id
 from controller.model.job import Desired
@@ -36,6 +44,7 @@ from controller.model.obs import (
     StartRequest,
     State,
 )
+from controller.reconcile.plan import ClaimStep, claim
 from controller.reconcile.tick import Reconciler, TickSettings
 from controller.store import repo
 from controller.store.db import Store
@@ -460,3 +469,107 @@ async def test_a_plan_of_a_row_that_moved_while_the_tick_ran_is_not_written(
         assert [(s.submission, s.slurm_job_id) for s in repo.list_submissions(tx, job)] == []
     assert status(sqlite_store, job) is None
     assert report.replan_soon  # planned again at once, from the new row
+
+
+# ---------------------------------------------------------------- a restored backup
+
+
+def backup_of(store: Store, tmp_path: Path, name: str) -> Store:
+    """A copy of ``store``'s SQLite database as it is now (a backup restored later)."""
+    source = Path(str(store.engine.url.database))
+    target = tmp_path / name
+    with store.transaction() as tx:  # the WAL's pages go into the file first
+        tx.execute(text("PRAGMA wal_checkpoint(FULL)"))
+    shutil.copyfile(source, target)
+    return Store(f"sqlite:///{target}")
+
+
+async def test_a_backup_restored_while_its_deployment_runs_is_refused(
+        sqlite_store: Store, tmp_path: Path) -> None:
+    """The backup is restored after its origin took the cluster over again: the
+    restored database's leader finds the marker is neither of its tokens and acts not at
+    all (before: both databases knew the same ids and both acted on them)."""
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    job = add(sqlite_store)
+    origin = rec(sqlite_store, fake, clock)
+    await origin.tick()
+    backup = backup_of(sqlite_store, tmp_path, "restored.db")
+    origin.forget()  # a new leadership of the origin: a new token in the marker
+    await origin.tick()
+    fake.run_all_pending()
+    (sid,) = fake.jobs
+    restored = rec(backup, fake, clock)
+    with backup.transaction() as tx:
+        repo.set_desired(tx, [job], Desired.STOPPED, now=2)  # it would cancel the job
+    fake.calls.clear()
+    with pytest.raises(OwnershipConflict):
+        await restored.tick()
+    assert fake.calls == [] and fake.jobs[sid].obs.state == State.RUNNING
+    assert restored.metrics.ownership_conflict._value.get() == 1
+    assert restored.owner.conflict is not None and "restored" in restored.owner.conflict
+    await origin.tick()  # the origin goes on
+    assert origin.owner.conflict is None
+    backup.dispose()
+
+
+async def test_the_origin_refuses_once_its_backup_took_the_marker(
+        sqlite_store: Store, tmp_path: Path) -> None:
+    """The backup is restored before its origin rotated its token again: the restored
+    database's leader claims the marker, and the origin's next check refuses to act."""
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    add(sqlite_store)
+    origin = rec(sqlite_store, fake, clock)
+    await origin.tick()
+    backup = backup_of(sqlite_store, tmp_path, "restored.db")
+    restored = rec(backup, fake, clock)
+    await restored.tick()
+    clock[0] += origin.settings.owner_check_s
+    with pytest.raises(OwnershipConflict):
+        await origin.tick()
+    backup.dispose()
+
+
+async def test_a_rotation_cut_short_is_finished_not_refused(sqlite_store: Store) -> None:
+    """The new token is in the database but the marker write failed: the next check
+    finds the previous token and writes the new one (no false conflict)."""
+    clock = [NOW]
+
+    class Flaky(FakeSlurm):
+        fail = False
+
+        async def set_owner_marker(self, deployment: str, token: str) -> None:
+            if self.fail:
+                self.fail = False
+                raise TransientError("ssh: connection reset")
+            await super().set_owner_marker(deployment, token)
+
+    fake = Flaky(clock)
+    r = rec(sqlite_store, fake, clock)
+    await r.tick()
+    r.forget()
+    fake.fail = True
+    report = await r.tick()  # the marker could not be written: nothing acts
+    assert not report.slurm_ok
+    await r.tick()
+    assert r.owner.conflict is None
+    with sqlite_store.transaction() as tx:
+        (claim,) = repo.list_claims(tx)
+        deployment = repo.read_deployment_id(tx)
+    assert deployment is not None and fake.markers[deployment] == claim.token
+
+
+@pytest.mark.parametrize(("marker", "token", "previous", "takeover", "step"), [
+    pytest.param(None, None, None, True, ClaimStep.MARK, id="first-claim"),
+    pytest.param(None, "b", "a", False, ClaimStep.MARK, id="marker-removed"),
+    pytest.param("b", "b", "a", True, ClaimStep.ROTATE, id="takeover-rotates"),
+    pytest.param("b", "b", "a", False, ClaimStep.KEEP, id="check-keeps"),
+    pytest.param("a", "b", "a", False, ClaimStep.RESUME, id="rotation-cut-short"),
+    pytest.param("c", "b", "a", False, ClaimStep.CONFLICT, id="another-database"),
+    pytest.param("c", None, None, True, ClaimStep.CONFLICT, id="marked-before-our-claim"),
+])
+def test_what_a_leader_does_with_the_marker(marker: str | None, token: str | None,
+                                            previous: str | None, takeover: bool,
+                                            step: ClaimStep) -> None:
+    assert claim(marker, token, previous, takeover=takeover) is step

@@ -1,5 +1,6 @@
 """The commands that reach Slurm through the configured transport: ``logs`` (a job's
-output files on the Slurm host) and ``preflight`` (what the cluster supports)."""
+output files on the Slurm host), ``preflight`` (what the cluster supports) and ``owner``
+(the deployment's ownership marker on each cluster)."""
 
 from __future__ import annotations
 
@@ -103,8 +104,79 @@ def _preflight(args: argparse.Namespace, streams: Streams) -> int:
     return EXIT_FAILURE if failed else EXIT_OK
 
 
+def _configure_owner(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", action="append", default=None,
+                        help="only this configured cluster (repeatable; default: every one)")
+    parser.add_argument("--take", action="store_true",
+                        help="make this database the owner of the cluster's jobs (after "
+                             "the other database that carries this deployment's id was "
+                             "stopped): a new token, in the database, then in the marker")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+
+
+def _owner(args: argparse.Namespace, streams: Streams) -> int:
+    """Show (or ``--take``) each cluster's ownership marker against this database's
+    claim; exit 1 when any cluster is in conflict and not taken."""
+    from controller import wiring
+    from controller.config import ClusterEntry
+    from controller.reconcile.ownership import new_token
+    from controller.reconcile.plan import ClaimStep, claim
+
+    config = config_of(args)
+    clusters = ([config.cluster_named(name) for name in args.cluster] if args.cluster
+                else list(config.clusters))
+    with open_client(config) as client:
+        deployment, rows = client.claims()
+        if args.take:
+            taken = {cluster.name: new_token() for cluster in clusters}
+            for name, token in taken.items():
+                deployment = client.take_claim(name, token)
+            deployment, rows = client.claims()
+    claims = {row.cluster: row for row in rows}
+
+    async def look(cluster: ClusterEntry) -> dict[str, Any]:
+        row = claims.get(cluster.name)
+        found: dict[str, Any] = {"cluster": cluster.name, "deployment": deployment,
+                                 "token": row.token if row else None, "marker": None}
+        if deployment is None:
+            return {**found, "state": "unclaimed"}
+        runner = wiring.build_runner(cluster)
+        try:
+            adapter = wiring.build_adapter(cluster, runner)
+            if args.take and row is not None:
+                await adapter.set_owner_marker(deployment, row.token)
+            found["marker"] = await adapter.owner_marker(deployment)
+        finally:
+            await runner.close()
+        step = claim(found["marker"], found["token"], row.previous if row else None,
+                     takeover=False)
+        state = {ClaimStep.KEEP: "owned", ClaimStep.RESUME: "owned (rotation pending)",
+                 ClaimStep.MARK: "unclaimed", ClaimStep.CONFLICT: "CONFLICT",
+                 ClaimStep.ROTATE: "owned"}[step]
+        return {**found, "state": state}
+
+    results = [asyncio.run(look(cluster)) for cluster in clusters]
+    if args.output == "json":
+        print(json.dumps(results, indent=2, sort_keys=True), file=streams.stdout)
+    else:
+        print(f"deployment {deployment or '- (no leader has claimed a cluster yet)'}",
+              file=streams.stdout)
+        for found in results:
+            print(f"  {found['cluster']:<16} {found['state']:<26} marker "
+                  f"{found['marker'] or '-'}  database {found['token'] or '-'}",
+                  file=streams.stdout)
+    conflicts = [found["cluster"] for found in results if found["state"] == "CONFLICT"]
+    for name in conflicts:
+        print(f"owner: {name}: another database with this deployment's id wrote the "
+              "marker; stop one of the two, then `dispatchctl owner --take` where the "
+              "jobs belong", file=streams.stderr)
+    return EXIT_FAILURE if conflicts else EXIT_OK
+
+
 COMMANDS: dict[str, Command] = {
     "logs": Command("print a job's output", _configure_logs, _logs),
     "preflight": Command("check what the Slurm cluster supports", _configure_preflight,
                          _preflight),
+    "owner": Command("show (or --take) which database owns each cluster's jobs",
+                     _configure_owner, _owner),
 }

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from controller.errors import DispatchError, LeaseLost
+from controller.errors import DispatchError, LeaseLost, OwnershipConflict
 from controller.metrics import Metrics
 from controller.reconcile.ports import SlurmPort
 from controller.reconcile.tick import Clock, Reconciler, TickReport
@@ -145,6 +145,8 @@ class Shard:
     async def _tick(self) -> TickReport | None:
         try:
             return await self.reconciler.tick()
+        except OwnershipConflict:
+            pass  # (logged once by the owner; /readyz and the gauge say so every tick)
         except LeaseLost as exc:
             log.warning("stood down: lease lost during the tick; no further writes",
                         extra={"cluster": self.name, "epoch": self._held_epoch,
@@ -260,6 +262,8 @@ class Shard:
             return False, "starting: the lease not tried yet"
         if not self.lease.held:
             return True, f"standby (not leader); {who}"
+        if self.reconciler.owner.conflict is not None:
+            return False, f"{self.reconciler.owner.conflict}; {who}"
         if self.reconciler.slurm_ok is False:  # (from the read, not the tick's end)
             return False, f"the cluster is unreachable: the last live read failed; {who}"
         last = self.reconciler.last_success

@@ -228,6 +228,35 @@ def no_object_yet(job_id: str, *, has_status: bool, last_read: Container[str] | 
             and job_id not in started_since_read and job_id not in tombstoned)
 
 
+class ClaimStep(enum.Enum):
+    """What a shard's leader does with its deployment's ownership marker on the cluster
+    (``claim``)."""
+
+    MARK = "mark"  # no marker yet (or it was removed): write this database's token
+    ROTATE = "rotate"  # ours: at a takeover, a new token (database first, then marker)
+    KEEP = "keep"  # ours: nothing to do
+    RESUME = "resume"  # our previous token: a rotation was cut short; write the new one
+    CONFLICT = "conflict"  # another database with this deployment's id wrote it
+
+
+def claim(marker: str | None, token: str | None, previous: str | None, *,
+          takeover: bool) -> ClaimStep:
+    """Ownership across databases (README "Two deployments on one Slurm account"): the
+    marker on the cluster holds the token the last leader of this deployment's database
+    wrote, and the database keeps it (and the one before). Every takeover writes a new
+    token, the database first. A marker that is neither is another database's that
+    carries the same deployment id -- a database restored from a backup while its
+    deployment runs: acting would be two deployments acting on the same jobs, so the
+    leader refuses (and so does the other one at its next check)."""
+    if marker is None or token is None:
+        return ClaimStep.MARK if marker is None else ClaimStep.CONFLICT
+    if marker == token:
+        return ClaimStep.ROTATE if takeover else ClaimStep.KEEP
+    if marker == previous:
+        return ClaimStep.RESUME
+    return ClaimStep.CONFLICT
+
+
 def postponable(*, has_status: bool, seen: Sequence[ObjectObs], waiting: bool) -> bool:
     """Whether a job whose plan is a Submit may wait, unread and unplanned, until the
     submit slice has room: planning it again could only give that Submit again -- no

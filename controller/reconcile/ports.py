@@ -49,6 +49,10 @@ class SlurmPort(Protocol):
 
     async def cluster_stats(self) -> ClusterStats: ...
 
+    async def owner_marker(self, deployment: str) -> str | None: ...
+
+    async def set_owner_marker(self, deployment: str, token: str) -> None: ...
+
 
 class Fence(Protocol):
     """The leader lease as the tick sees it (``controller.store.lease.Lease``).

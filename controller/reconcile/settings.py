@@ -54,5 +54,11 @@ class ReconcileConfig:
             "Slurm jobs are stopped as this deployment's, and its id written again is "
             "read before it is submitted, for this long")
 
+    owner_check_s: int = setting(
+        60, unit="s", minimum=1, maximum=_HUNDRED_YEARS_S,
+        doc="how often a leader reads its deployment's ownership marker on the cluster "
+            "(besides at every takeover): a database restored from a backup while its "
+            "deployment runs is found within this long, and refused")
+
 
 DEFAULTS = ReconcileConfig()

@@ -67,9 +67,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-from controller.errors import (
-    DispatchError,
-)
+from controller.errors import DispatchError, LeaseLost, OwnershipConflict
 from controller.metrics import Metrics
 from controller.model.ids import is_job_id
 from controller.model.obs import (
@@ -80,7 +78,7 @@ from controller.reconcile import gauges
 from controller.reconcile.apply import Applier
 from controller.reconcile.memory import NO_OBS, Memo, Memory, Todo, newest_first
 from controller.reconcile.outcomes import OutcomeBook
-from controller.reconcile.ownership import Sweeper
+from controller.reconcile.ownership import Owner, Sweeper
 from controller.reconcile.placement import Clusters
 from controller.reconcile.plan import (
     Observed,
@@ -149,6 +147,8 @@ class Reconciler:
                              outcomes=self.outcomes)
         # ownership and the sweep of our-format jobs no tracked job owns
         self.sweeper = Sweeper(store, adapter, metrics=metrics, settings=self.settings)
+        # that no other database with this deployment's id acts on the cluster
+        self.owner = Owner(store, adapter, metrics=metrics, settings=self.settings)
         # the database and Slurm writes of a tick's plans
         self.applier = Applier(store, adapter, metrics=metrics, settings=self.settings,
                                memory=self.memory, outcomes=self.outcomes, clock=clock,
@@ -166,6 +166,7 @@ class Reconciler:
         self.memory.forget()
         self.outcomes.clear()
         self.sweeper.forget()
+        self.owner.forget()
         self._seen = None
         self.applier.starts = set()
         self._started_before_read = set()
@@ -213,6 +214,8 @@ class Reconciler:
         now = self.now()
         began = self.timer()
         self.memory.begin()
+        if not await self._owned(now, report):
+            return
         memos, wanted = self._load(report)
         ctx = self._context(now)
         epoch = self.memory.plan_epoch(ctx)
@@ -238,6 +241,27 @@ class Reconciler:
         gauges.refresh(self.metrics, self.memory.gauges(), store=self.store, here=self.here,
                        clusters=self.clusters, now=now)
         report.timings["gauges"] = self.timer() - t0
+
+    async def _owned(self, now: int, report: TickReport) -> bool:
+        """The ownership marker, before anything of the tick acts (``Owner``): claimed
+        at a takeover, checked now and then; a conflict raises. A marker that cannot be
+        read (the cluster's host unreachable) makes the tick one of a failed read: it
+        changes no job with a status."""
+        try:
+            await self.owner.ensure(now=now, write=self._write)
+        except (OwnershipConflict, LeaseLost):
+            raise
+        except DispatchError as exc:
+            report.slurm_ok = False
+            report.errors.append(f"ownership marker: {exc}")
+            self.slurm_ok = False
+            self.metrics.slurm_up.set(0)
+            self._seen = None
+            log.warning("cannot read the ownership marker; no job with a status changes "
+                        "this tick", extra={"error": str(exc)})
+            self._save_rejections(now)
+            return False
+        return True
 
     def _load(self, report: TickReport) -> tuple[dict[str, Memo], list[str]]:
         """The tracked jobs (their row versions), and the ids the live read asks for:

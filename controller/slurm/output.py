@@ -116,3 +116,23 @@ class Outputs(Reads):
                            for index in output_scripts.missing_indexes(result.stdout,
                                                                        end - start))
         return missing
+
+    # ------------------------------------------------------------ ownership marker
+
+    async def owner_marker(self, deployment: str) -> str | None:
+        """The token of ``deployment``'s ownership marker on the Slurm host
+        (``<output.dir>/.owners/<deployment>``), or None when there is none."""
+        result = await self._runner.run_script(
+            output_scripts.owner_read_script(self._settings.output_dir, deployment),
+            timeout=self._timeout)
+        if not result.ok:
+            raise slurm_failure(result, operation="read the ownership marker")
+        return output_scripts.owner_token(result.stdout)
+
+    async def set_owner_marker(self, deployment: str, token: str) -> None:
+        """Write ``deployment``'s ownership marker (a write: behind the write guard)."""
+        text = output_scripts.owner_write_script(self._settings.output_dir, deployment, token)
+        self._guard_write()
+        result = await self._runner.run_script(text, timeout=self._timeout)
+        if not result.ok:
+            raise slurm_failure(result, operation="write the ownership marker")

@@ -7,7 +7,9 @@ and the reading of what they print (golden-tested: ``tests/test_output_scripts_g
   base64 (``tail -c +N | head -c M | base64``), so binary output survives any transport;
   ``take_new_bytes`` reads its output;
 * ``missing_paths_scripts``: ``[ -e <path> ] || echo <i>`` per path, ~60 KB per script;
-  ``missing_indexes`` reads its output.
+  ``missing_indexes`` reads its output;
+* ``owner_read_script``, ``owner_write_script``: the deployment's ownership marker,
+  ``<output.dir>/.owners/<deployment id>`` (``controller.reconcile.ownership``).
 
 Pure: quoting happens here (``shlex.quote``, ``script.shell_path`` for ``~``), nothing
 runs; ``controller.slurm.output`` runs the scripts through the runner.
@@ -120,3 +122,40 @@ def missing_indexes(stdout: str, count: int) -> list[int]:
             raise ProtocolError(f"missing_paths: unexpected output {token!r:.40}")
         indexes.append(int(token))
     return indexes
+
+
+OWNERS_DIR: Final = ".owners"  # under output.dir: one marker file per deployment
+
+
+def owner_path(output_dir: str, deployment: str) -> str:
+    """The marker of ``deployment`` (a hex id) under ``output_dir`` (``~`` unresolved)."""
+    if not deployment or not all(c in "0123456789abcdef" for c in deployment):
+        raise ErrInvalid(f"not a deployment id: {deployment!r:.40}", field="deployment")
+    return f"{output_dir.rstrip('/')}/{OWNERS_DIR}/{deployment}"
+
+
+def owner_read_script(output_dir: str, deployment: str) -> str:
+    """The marker's token on stdout; nothing when there is no marker."""
+    path = script.shell_path(owner_path(output_dir, deployment))
+    return f"if [ -e {path} ]; then exec cat -- {path}; fi\n"
+
+
+def owner_write_script(output_dir: str, deployment: str, token: str) -> str:
+    """Write ``token`` (hex) as the marker, atomically (a temporary file renamed)."""
+    if not token or not all(c in "0123456789abcdef" for c in token):
+        raise ErrInvalid(f"not a token: {token!r:.40}", field="token")
+    path = owner_path(output_dir, deployment)
+    directory = script.shell_path(path.rsplit("/", 1)[0])
+    new, final = script.shell_path(path + ".new"), script.shell_path(path)
+    return (f"mkdir -p -- {directory} && printf '%s\\n' {token} > {new}"
+            f" && mv -f -- {new} {final}\n")
+
+
+def owner_token(stdout: str) -> str | None:
+    """The token ``owner_read_script`` printed, or None (no marker)."""
+    token = stdout.strip()
+    if not token:
+        return None
+    if not all(c in "0123456789abcdef" for c in token) or len(token) > 64:
+        raise ProtocolError(f"ownership marker: not a token: {token[:40]!r}")
+    return token

@@ -190,3 +190,26 @@ class UnownedObject(Base):
     state: Mapped[str] = mapped_column(String(16))
     submit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     seen_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Deployment(Base):
+    """This database's deployment id (one row, made at the first claim; migration 0006)."""
+
+    __tablename__ = "deployment"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Claim(Base):
+    """Per cluster: the token this database's leader last wrote to the deployment's
+    ownership marker on the cluster, the one before it, and a conflict found (another
+    database with the same deployment id wrote the marker) -- migration 0006."""
+
+    __tablename__ = "claims"
+
+    cluster: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token: Mapped[str] = mapped_column(String(32))
+    previous: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    claimed_at: Mapped[int] = mapped_column(BigInteger)
+    conflict: Mapped[str] = mapped_column(Text, default="", server_default="")

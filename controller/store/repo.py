@@ -46,6 +46,8 @@ from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, Provena
 from controller.model.policy import DEFAULT_POLICY, RecoveryPolicy, parse_policy
 from controller.model.spec import JobDocument, JobSpec, parse_job_document
 from controller.store.models import (
+    Claim,
+    Deployment,
     Event,
     Job,
     JobStatus,
@@ -997,3 +999,55 @@ def list_unowned(tx: Session, cluster: str | None = None) -> list[Unowned]:
         query = query.where(UnownedObject.cluster == cluster)
     return [Unowned(r.cluster, r.slurm_job_id, r.name, r.state, r.submit, r.seen_at)
             for r in tx.scalars(query)]
+
+
+# ---------------------------------------------------------------- claims (0006)
+
+
+def deployment_id(tx: Session, *, new: str, now: int) -> str:
+    """This database's deployment id; ``new`` becomes it when there is none yet."""
+    found = tx.scalar(select(Deployment.id))
+    if found is not None:
+        return str(found)
+    tx.execute(insert(Deployment).values(id=new, created_at=now))
+    return new
+
+
+def read_deployment_id(tx: Session) -> str | None:
+    found = tx.scalar(select(Deployment.id))
+    return None if found is None else str(found)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    cluster: str
+    token: str
+    previous: str | None
+    claimed_at: int
+    conflict: str
+
+
+def read_claim(tx: Session, cluster: str) -> ClaimRow | None:
+    row = tx.get(Claim, cluster)
+    return None if row is None else ClaimRow(row.cluster, row.token, row.previous,
+                                             row.claimed_at, row.conflict)
+
+
+def list_claims(tx: Session) -> list[ClaimRow]:
+    return [ClaimRow(r.cluster, r.token, r.previous, r.claimed_at, r.conflict)
+            for r in tx.scalars(select(Claim).order_by(Claim.cluster))]
+
+
+def save_claim(tx: Session, cluster: str, *, token: str, previous: str | None, now: int,
+               conflict: str = "") -> None:
+    """Record the token written (or about to be written) to ``cluster``'s marker."""
+    row = tx.get(Claim, cluster)
+    if row is None:
+        tx.add(Claim(cluster=cluster, token=token, previous=previous, claimed_at=now,
+                     conflict=conflict))
+    else:
+        row.token, row.previous, row.claimed_at, row.conflict = token, previous, now, conflict
+
+
+def note_conflict(tx: Session, cluster: str, conflict: str) -> None:
+    tx.execute(update(Claim).where(Claim.cluster == cluster).values(conflict=conflict))

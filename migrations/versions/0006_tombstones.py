@@ -1,4 +1,5 @@
-"""Tombstones and unowned objects: what this database deleted, and what it never had
+"""Tombstones, unowned objects, claims: what this database deleted, what it never had,
+and which database a cluster's jobs belong to
 
 ``tombstones`` keeps, for every job row deleted (by the CLI, the client or plain SQL, on
 any connection), its id, when, and the submissions it had (``N=slurm_id@cluster``, comma
@@ -12,6 +13,12 @@ new rows before the live read away from an id written again after a delete.
 ``unowned_objects`` is what the last complete read of each cluster found of ``dj-`` jobs
 whose id this database never had (a neighbour's): listed by ``dispatchctl get
 --unowned``, counted by ``dispatch_unowned_jobs``, never written to Slurm.
+
+``deployment`` holds this database's deployment id (made at its first claim; a copy of
+the database carries it too), ``claims`` per cluster the token its leader last wrote to
+the marker ``<output.dir>/.owners/<deployment id>`` on that cluster, and the one before:
+a marker that is neither was written by another database with the same id -- a backup
+restored while its deployment runs -- and the leader refuses to act (``conflict``).
 
 On SQLite the delete cascade of migration 0002 is an AFTER trigger, so the tombstone
 trigger is a BEFORE trigger (the submissions are still there); on PostgreSQL a BEFORE
@@ -88,6 +95,21 @@ def upgrade() -> None:
         sa.Column("seen_at", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("cluster", "slurm_job_id", name=op.f("pk_unowned_objects")),
     )
+    op.create_table(
+        "deployment",
+        sa.Column("id", sa.String(32), nullable=False),
+        sa.Column("created_at", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_deployment")),
+    )
+    op.create_table(
+        "claims",
+        sa.Column("cluster", sa.String(64), nullable=False),
+        sa.Column("token", sa.String(32), nullable=False),
+        sa.Column("previous", sa.String(32), nullable=True),
+        sa.Column("claimed_at", sa.BigInteger(), nullable=False),
+        sa.Column("conflict", sa.Text(), nullable=False, server_default=""),
+        sa.PrimaryKeyConstraint("cluster", name=op.f("pk_claims")),
+    )
     dialect = op.get_bind().dialect.name
     if dialect == "postgresql":
         op.execute(PG_FUNCTION)
@@ -103,6 +125,8 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION IF EXISTS dispatch_tombstone()")
     elif dialect == "sqlite":
         op.execute("DROP TRIGGER IF EXISTS jobs_tombstone")
+    op.drop_table("claims")
+    op.drop_table("deployment")
     op.drop_table("unowned_objects")
     op.drop_index("ix_tombstones_deleted_at_ms", table_name="tombstones")
     op.drop_table("tombstones")

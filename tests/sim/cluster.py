@@ -223,6 +223,8 @@ class Cluster:
     executions: list[Execution] = field(default_factory=list)
     writes: list[Write] = field(default_factory=list)
     reads: list[Snapshot] = field(default_factory=list)
+    # ownership markers on the Slurm host's file system, by deployment id
+    markers: dict[str, str] = field(default_factory=dict)
     next_id: int = 1
     checkpoint: _Checkpoint = field(default_factory=lambda: _Checkpoint(1, 0))
 
@@ -322,6 +324,16 @@ class Cluster:
         live = self.live()
         return ClusterStats(running=sum(1 for job in live if job.state == "RUNNING"),
                             pending=sum(1 for job in live if job.state == "PENDING"))
+
+    async def owner_marker(self, who: Caller, deployment: str) -> str | None:
+        """The deployment's ownership marker on the Slurm host's file system."""
+        await self.sched.point(who.name, "read the ownership marker")
+        return self.markers.get(deployment)
+
+    async def set_owner_marker(self, who: Caller, deployment: str, token: str) -> None:
+        await self.sched.point(who.name, "write the ownership marker")
+        who.guard()
+        self.markers[deployment] = token
 
     # ------------------------------------------------------------ writes
 
@@ -555,5 +567,11 @@ class Port:
 
     async def cluster_stats(self) -> ClusterStats:
         return await self.model.cluster_stats(self.who)
+
+    async def owner_marker(self, deployment: str) -> str | None:
+        return await self.model.owner_marker(self.who, deployment)
+
+    async def set_owner_marker(self, deployment: str, token: str) -> None:
+        await self.model.set_owner_marker(self.who, deployment, token)
 
 
