@@ -9,6 +9,7 @@ the database through it alone. A database that cannot be reached raises
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -106,7 +107,7 @@ class Client:
         deployment id."""
         now = int(self.clock())
         with self.store.transaction() as tx:
-            deployment = repo.deployment_id(tx, new=token, now=now)
+            deployment = repo.deployment_id(tx, new=os.urandom(16).hex(), now=now)
             row = repo.read_claim(tx, cluster)
             repo.save_claim(tx, cluster, token=token,
                             previous=row.token if row is not None else None, now=now)
