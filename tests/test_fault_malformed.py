@@ -142,6 +142,8 @@ class CannedSlurm:
         return CommandResult(args, 0, "", "", 0.01)  # a write: recorded, must never happen
 
     async def run_script(self, script: str, *, timeout: float | None = None) -> CommandResult:
+        if "/.owners/" in script:  # the ownership marker (read, or written): no damage here
+            return CommandResult(("/bin/sh", "-s"), 0, "", "", 0.01)
         return CommandResult(("/bin/sh", "-s"), 1, "", "refused by the test\n", 0.01)
 
     async def close(self) -> None:
