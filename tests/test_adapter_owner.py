@@ -31,8 +31,9 @@ async def test_a_marker_is_absent_then_written_then_read(tmp_path: Path) -> None
     await adapter.set_owner_marker(DEPLOYMENT, "bb22")
     assert await adapter.owner_marker(DEPLOYMENT) == "bb22"
     owners = tmp_path / "out" / ".owners"
-    assert sorted(p.name for p in owners.iterdir()) == [DEPLOYMENT]  # no .new left over
-    assert (owners / DEPLOYMENT).read_text() == "bb22\n"
+    marker = f"{DEPLOYMENT}@lab"  # one marker per cluster: clusters share home directories
+    assert sorted(p.name for p in owners.iterdir()) == [marker]  # no .new left over
+    assert (owners / marker).read_text() == "bb22\n"
 
 
 @pytest.mark.parametrize(("deployment", "token"), [

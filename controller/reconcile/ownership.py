@@ -11,9 +11,9 @@ counted (``dispatch_unowned_jobs``), listed in ``unowned_objects`` (``dispatchct
 
 ``Owner`` keeps the other half of ownership: that no other database acts on this
 deployment's jobs. Two databases with one deployment id (a backup restored while its
-deployment runs) both know the same ids; the marker ``<output.dir>/.owners/<deployment
-id>`` on the cluster tells them apart (``plan.claim``): every takeover writes a new token
-to the database and then to the marker, every ``owner_check_s`` the leader reads it, and a
+deployment runs) both know the same ids; the marker ``<output.dir>/.owners/<id>@<cluster>``
+on the cluster tells them apart (``plan.claim``): every takeover writes a new token to the
+database and then to the marker, every ``owner_check_s`` the leader reads it, and a
 marker neither of its tokens is another database's -- the leader refuses to act
 (``OwnershipConflict``, ``dispatch_ownership_conflict``, ``/readyz``, ``dispatchctl
 owner``) until an operator stops one of the two and takes the cluster back

@@ -120,10 +120,12 @@ class Outputs(Reads):
     # ------------------------------------------------------------ ownership marker
 
     async def owner_marker(self, deployment: str) -> str | None:
-        """The token of ``deployment``'s ownership marker on the Slurm host
-        (``<output.dir>/.owners/<deployment>``), or None when there is none."""
+        """The token of ``deployment``'s ownership marker of this cluster on the Slurm
+        host (``<output.dir>/.owners/<deployment>@<cluster>``), or None when there is
+        none."""
         result = await self._runner.run_script(
-            output_scripts.owner_read_script(self._settings.output_dir, deployment),
+            output_scripts.owner_read_script(self._settings.output_dir, deployment,
+                                             self.cluster),
             timeout=self._timeout)
         if not result.ok:
             raise slurm_failure(result, operation="read the ownership marker")
@@ -131,7 +133,8 @@ class Outputs(Reads):
 
     async def set_owner_marker(self, deployment: str, token: str) -> None:
         """Write ``deployment``'s ownership marker (a write: behind the write guard)."""
-        text = output_scripts.owner_write_script(self._settings.output_dir, deployment, token)
+        text = output_scripts.owner_write_script(self._settings.output_dir, deployment,
+                                                 self.cluster, token)
         self._guard_write()
         result = await self._runner.run_script(text, timeout=self._timeout)
         if not result.ok:

@@ -9,7 +9,7 @@ and the reading of what they print (golden-tested: ``tests/test_output_scripts_g
 * ``missing_paths_scripts``: ``[ -e <path> ] || echo <i>`` per path, ~60 KB per script;
   ``missing_indexes`` reads its output;
 * ``owner_read_script``, ``owner_write_script``: the deployment's ownership marker,
-  ``<output.dir>/.owners/<deployment id>`` (``controller.reconcile.ownership``).
+  ``<output.dir>/.owners/<deployment id>@<cluster>`` (``controller.reconcile.ownership``).
 
 Pure: quoting happens here (``shlex.quote``, ``script.shell_path`` for ``~``), nothing
 runs; ``controller.slurm.output`` runs the scripts through the runner.
@@ -18,6 +18,7 @@ runs; ``controller.slurm.output`` runs the scripts through the runner.
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
@@ -127,24 +128,30 @@ def missing_indexes(stdout: str, count: int) -> list[int]:
 OWNERS_DIR: Final = ".owners"  # under output.dir: one marker file per deployment
 
 
-def owner_path(output_dir: str, deployment: str) -> str:
-    """The marker of ``deployment`` (a hex id) under ``output_dir`` (``~`` unresolved)."""
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def owner_path(output_dir: str, deployment: str, cluster: str) -> str:
+    """The marker of ``deployment`` (a hex id) on ``cluster`` under ``output_dir`` (``~``
+    unresolved): one file per cluster, since clusters often share a home directory."""
     if not deployment or not all(c in "0123456789abcdef" for c in deployment):
         raise ErrInvalid(f"not a deployment id: {deployment!r:.40}", field="deployment")
-    return f"{output_dir.rstrip('/')}/{OWNERS_DIR}/{deployment}"
+    if not _CLUSTER_NAME.fullmatch(cluster) or cluster.startswith("."):
+        raise ErrInvalid(f"not a cluster name: {cluster!r:.40}", field="cluster")
+    return f"{output_dir.rstrip('/')}/{OWNERS_DIR}/{deployment}@{cluster}"
 
 
-def owner_read_script(output_dir: str, deployment: str) -> str:
+def owner_read_script(output_dir: str, deployment: str, cluster: str) -> str:
     """The marker's token on stdout; nothing when there is no marker."""
-    path = script.shell_path(owner_path(output_dir, deployment))
+    path = script.shell_path(owner_path(output_dir, deployment, cluster))
     return f"if [ -e {path} ]; then exec cat -- {path}; fi\n"
 
 
-def owner_write_script(output_dir: str, deployment: str, token: str) -> str:
+def owner_write_script(output_dir: str, deployment: str, cluster: str, token: str) -> str:
     """Write ``token`` (hex) as the marker, atomically (a temporary file renamed)."""
     if not token or not all(c in "0123456789abcdef" for c in token):
         raise ErrInvalid(f"not a token: {token!r:.40}", field="token")
-    path = owner_path(output_dir, deployment)
+    path = owner_path(output_dir, deployment, cluster)
     directory = script.shell_path(path.rsplit("/", 1)[0])
     new, final = script.shell_path(path + ".new"), script.shell_path(path)
     return (f"mkdir -p -- {directory} && printf '%s\\n' {token} > {new}"

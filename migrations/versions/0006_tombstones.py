@@ -16,7 +16,7 @@ whose id this database never had (a neighbour's): listed by ``dispatchctl get
 
 ``deployment`` holds this database's deployment id (made at its first claim; a copy of
 the database carries it too), ``claims`` per cluster the token its leader last wrote to
-the marker ``<output.dir>/.owners/<deployment id>`` on that cluster, and the one before:
+the marker ``<output.dir>/.owners/<deployment id>@<cluster>`` on that cluster, and the one before:
 a marker that is neither was written by another database with the same id -- a backup
 restored while its deployment runs -- and the leader refuses to act (``conflict``).
 
