@@ -107,6 +107,13 @@ TickSettings = ReconcileConfig
 
 __all__ = ["Clock", "Reconciler", "TickReport", "TickSettings"]
 
+# the log line of each way the cluster can fail to be read (``Reconciler._unreachable``)
+_UNREACHABLE = {
+    "live read": "slurm live read failed; no job with a status changes this tick",
+    "ownership marker": "cannot read the ownership marker; no job with a status changes "
+                        "this tick",
+}
+
 
 class Reconciler:
     """Owns one tick; everything it needs is injected."""
@@ -252,16 +259,21 @@ class Reconciler:
         except (OwnershipConflict, LeaseLost):
             raise
         except DispatchError as exc:
-            report.slurm_ok = False
-            report.errors.append(f"ownership marker: {exc}")
-            self.slurm_ok = False
-            self.metrics.slurm_up.set(0)
-            self._seen = None
-            log.warning("cannot read the ownership marker; no job with a status changes "
-                        "this tick", extra={"error": str(exc)})
+            self._unreachable(report, "ownership marker", exc)
             self._save_rejections(now)
             return False
         return True
+
+    def _unreachable(self, report: TickReport, what: str, exc: DispatchError) -> None:
+        """The cluster could not be read (the live read, or the ownership marker): the
+        tick changes no job with a status, ``slurm_up`` drops, and no new job is
+        submitted unread again until a read succeeds."""
+        report.slurm_ok = False
+        report.errors.append(f"{what}: {exc}")
+        self.slurm_ok = False
+        self.metrics.slurm_up.set(0)
+        self._seen = None
+        log.warning(_UNREACHABLE[what], extra={"error": str(exc)})
 
     def _load(self, report: TickReport) -> tuple[dict[str, Memo], list[str]]:
         """The tracked jobs (their row versions), and the ids the live read asks for:
@@ -336,13 +348,7 @@ class Reconciler:
                 await read
                 live = found.pop()
             except DispatchError as exc:
-                report.slurm_ok = False
-                report.errors.append(f"live read: {exc}")
-                self.metrics.slurm_up.set(0)
-                # no new job is submitted unread again until a read succeeds
-                self._seen = None
-                log.warning("slurm live read failed; no job with a status changes this tick",
-                            extra={"error": str(exc)})
+                self._unreachable(report, "live read", exc)
             else:
                 self.slurm_ok = True
                 self.metrics.slurm_up.set(1)
