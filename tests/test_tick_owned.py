@@ -87,6 +87,18 @@ def neighbour(fake: FakeSlurm, clock: list[int], *, state: State = State.RUNNING
     return slurm_id
 
 
+async def running(store: Store, fake: FakeSlurm,
+                  clock: list[int]) -> tuple[Reconciler, str, int]:
+    """A reconciler, and one job of it running on ``fake`` (its row, its Slurm id)."""
+    job = add(store)
+    r = rec(store, fake, clock)
+    await r.tick()
+    fake.run_all_pending()
+    await r.tick()
+    (sid,) = fake.jobs
+    return r, job, sid
+
+
 def objects_of(fake: FakeSlurm, job_id: str) -> list[FakeJob]:
     return [fj for fj in fake.jobs.values() if fj.obs.ref.uid == f"dj-{job_id}"]
 
@@ -336,12 +348,7 @@ async def test_the_sweep_asks_who_owns_a_job_at_its_end(sqlite_store: Store) -> 
     its object is the new row's (adopted next tick), never cancelled and run again."""
     clock = [NOW]
     fake = Hooked(clock)
-    job = add(sqlite_store)
-    r = rec(sqlite_store, fake, clock)
-    await r.tick()
-    fake.run_all_pending()
-    await r.tick()
-    (sid,) = fake.jobs
+    r, job, sid = await running(sqlite_store, fake, clock)
     delete(sqlite_store, job)
     fake.during_read.append(lambda: add(sqlite_store, job))
     await r.tick()
@@ -370,9 +377,6 @@ def test_a_ref_whose_status_did_not_take_it_leaves_a_duplicate_row(
         assert sub.status == "duplicate"
 
 
-
-
-
 def test_tombstones_expire_by_the_databases_clock(any_store: Store) -> None:
     """A tombstone's age is read on the clock that stamped it (the database's), never on
     the daemon's: a daemon whose clock runs weeks ahead keeps its tombstones."""
@@ -395,12 +399,7 @@ async def test_a_row_written_again_while_its_job_runs_takes_that_jobs_ending(
     submitted again (the simulator's seed 56: the work ran twice)."""
     clock = [NOW]
     fake = FakeSlurm(clock)
-    job = add(sqlite_store)
-    r = rec(sqlite_store, fake, clock)
-    await r.tick()
-    fake.run_all_pending()
-    await r.tick()
-    (sid,) = fake.jobs
+    r, job, sid = await running(sqlite_store, fake, clock)
     delete(sqlite_store, job)
     add(sqlite_store, job)
     clock[0] += 5
@@ -455,12 +454,7 @@ async def test_a_plan_of_a_row_that_moved_while_the_tick_ran_is_not_written(
             return await super().inspect_many(refs, since=since)
 
     fake = Rewritten(clock)
-    job = add(sqlite_store)
-    r = rec(sqlite_store, fake, clock)
-    await r.tick()
-    fake.run_all_pending()
-    await r.tick()
-    (sid,) = fake.jobs
+    r, job, sid = await running(sqlite_store, fake, clock)
     fake.end(sid, CauseKind.COMPLETED)
     fake.forget(sid)  # left squeue: the tick asks sacct, and the row moves meanwhile
     hook.append(job)
