@@ -432,18 +432,18 @@ class Reconciler:
         t0 = self.timer()
         seen, pending = self._seen, self.outcomes
         started = self._started_before_read
-        candidates = [job_id for job_id, memo in memos.items()
-                      if memo.status_version is None and not memo.elsewhere
-                      and memo.valid is not False and job_id not in pending
-                      and is_job_id(job_id)
-                      and no_object_yet(job_id, has_status=False, last_read=seen,
-                                        started_since_read=started, tombstoned=())]
-        if candidates:
+        # the new rows of this shard (no status row: the planner's first input), whose
+        # tombstones the decision needs too
+        new = [job_id for job_id, memo in memos.items()
+               if memo.status_version is None and not memo.elsewhere
+               and memo.valid is not False and job_id not in pending and is_job_id(job_id)]
+        gone: set[str] = set()
+        if new:
             with self.store.transaction() as tx:
-                gone = repo.tombstoned(tx, candidates)
-            candidates = [job_id for job_id in candidates
-                          if no_object_yet(job_id, has_status=False, last_read=seen,
-                                           started_since_read=started, tombstoned=gone)]
+                gone = repo.tombstoned(tx, new)
+        candidates = [job_id for job_id in new
+                      if no_object_yet(job_id, has_status=False, last_read=seen,
+                                       started_since_read=started, tombstoned=gone)]
         todo = [Todo(job_id, memos[job_id], NO_OBS) for job_id in candidates]
         if not todo:
             report.timings["select"] += self.timer() - t0
