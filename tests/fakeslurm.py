@@ -1,4 +1,4 @@
-"""A stateful fake of the SlurmPort for reconciler unit tests (pure logic only; every
+"""A stateful fake of the SchedulerPort for reconciler unit tests (pure logic only; every
 behaviour here is also proven end to end against the real cluster)."""
 
 from __future__ import annotations

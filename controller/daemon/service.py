@@ -33,7 +33,7 @@ from controller.daemon.shard import AGAIN_LIMIT, Shard, lease_name
 from controller.errors import DispatchError
 from controller.metrics import Metrics
 from controller.reconcile.placement import Clusters
-from controller.reconcile.ports import SlurmPort
+from controller.reconcile.ports import SchedulerPort
 from controller.reconcile.tick import Clock, Reconciler
 from controller.store import notify, repo
 from controller.store.db import Store
@@ -53,7 +53,7 @@ def shard_lease(config: Config, name: str, store: Store, *, clock: Clock = time.
                  cluster=name, holder=holder)
 
 
-def build_shard(config: Config, name: str, *, store: Store, adapter: SlurmPort,
+def build_shard(config: Config, name: str, *, store: Store, adapter: SchedulerPort,
                 metrics: Metrics, lease: Lease | None = None, clock: Clock = time.time,
                 preflight: Callable[[], Awaitable[list[str]]] | None = None) -> Shard:
     """The shard of configured cluster ``name``: its lease and reconciler."""
@@ -78,7 +78,7 @@ class Daemon:
     cluster through ``adapter`` alone (one shard); ``shards=`` gives every shard."""
 
     def __init__(self, config: Config, *, store: Store, metrics: Metrics,
-                 adapter: SlurmPort | None = None, clock: Clock = time.time,
+                 adapter: SchedulerPort | None = None, clock: Clock = time.time,
                  lease: Lease | None = None,
                  preflight: Callable[[], Awaitable[list[str]]] | None = None,
                  shards: Sequence[Shard] | None = None,

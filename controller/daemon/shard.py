@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 
 from controller.errors import DispatchError, LeaseLost, OwnershipConflict
 from controller.metrics import Metrics
-from controller.reconcile.ports import SlurmPort
+from controller.reconcile.ports import SchedulerPort
 from controller.reconcile.tick import Clock, Reconciler, TickReport
 from controller.store.db import Store
 from controller.store.lease import DEFAULT_LEASE, Lease, LeaseInfo, read_lease
@@ -52,7 +52,7 @@ class Shard:
     """One cluster's loop. ``may_take`` says whether the daemon may take one more shard
     now; ``on_moved`` is told the clusters a tick moved jobs to."""
 
-    def __init__(self, name: str, *, store: Store, adapter: SlurmPort, metrics: Metrics,
+    def __init__(self, name: str, *, store: Store, adapter: SchedulerPort, metrics: Metrics,
                  lease: Lease, reconciler: Reconciler, tick_interval_s: float,
                  clock: Clock = time.time,
                  preflight: Callable[[], Awaitable[list[str]]] | None = None,

@@ -48,7 +48,7 @@ from controller.reconcile.plan import (
     Submit,
     VerifyOutputs,
 )
-from controller.reconcile.ports import Fence, NoFence, SlurmPort
+from controller.reconcile.ports import Fence, NoFence, SchedulerPort
 from controller.reconcile.report import TickReport
 from controller.reconcile.settings import ReconcileConfig
 from controller.reconcile.waves import Acts
@@ -64,7 +64,7 @@ _Recorded = repo.Recorded
 class Applier:
     """One shard's hands: its writes to the database and to Slurm."""
 
-    def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
+    def __init__(self, store: Store, adapter: SchedulerPort, *, metrics: Metrics,
                  settings: ReconcileConfig, memory: Memory, outcomes: OutcomeBook,
                  clock: Callable[[], float], here: str | None) -> None:
         self.store = store

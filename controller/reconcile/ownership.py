@@ -32,7 +32,7 @@ from controller.errors import DispatchError, LeaseLost, OwnershipConflict
 from controller.metrics import Metrics
 from controller.model.obs import ObjectObs
 from controller.reconcile.plan import Cancel, ClaimStep, claim, sweep
-from controller.reconcile.ports import SlurmPort
+from controller.reconcile.ports import SchedulerPort
 from controller.reconcile.report import TickReport
 from controller.reconcile.settings import ReconcileConfig
 from controller.store import repo
@@ -48,7 +48,7 @@ Write = Callable[[], AbstractContextManager[Any]]  # a fenced write transaction
 class Sweeper:
     """One shard's sweep; remembers what it last listed of unowned jobs."""
 
-    def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
+    def __init__(self, store: Store, adapter: SchedulerPort, *, metrics: Metrics,
                  settings: ReconcileConfig) -> None:
         self.store = store
         self.adapter = adapter
@@ -143,7 +143,7 @@ def new_token() -> str:
 class Owner:
     """One shard's claim on its cluster's ownership marker (module docstring)."""
 
-    def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
+    def __init__(self, store: Store, adapter: SchedulerPort, *, metrics: Metrics,
                  settings: ReconcileConfig, token: Callable[[], str] = new_token) -> None:
         self.store = store
         self.adapter = adapter

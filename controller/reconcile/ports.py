@@ -1,7 +1,8 @@
-"""The narrow interface the reconciler needs from the Slurm adapter (a Protocol seam).
+"""The narrow interface the reconciler needs from a scheduler adapter (a Protocol seam).
 
-``controller.slurm.adapter.SlurmAdapter`` implements it against a real cluster; unit
-tests may pass a stateful fake. Every write re-checks identity inside the adapter.
+``controller.slurm.adapter.SlurmAdapter`` implements it against a real Slurm cluster;
+every scheduler kind has one adapter of this shape. Unit tests may pass a stateful fake.
+Every write re-checks identity inside the adapter.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ class ClusterStats:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-class SlurmPort(Protocol):
+class SchedulerPort(Protocol):
+    """One cluster of one scheduler kind, as the reconciler drives it."""
+
     cluster: str
 
     async def start(self, request: StartRequest) -> ObjectRef: ...

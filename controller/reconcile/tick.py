@@ -90,7 +90,7 @@ from controller.reconcile.plan import (
     plan,
     same_object,
 )
-from controller.reconcile.ports import ClusterStats, Fence, NoFence, SlurmPort
+from controller.reconcile.ports import ClusterStats, Fence, NoFence, SchedulerPort
 from controller.reconcile.report import TickReport
 from controller.reconcile.settings import ReconcileConfig
 from controller.reconcile.waves import Acts
@@ -118,7 +118,7 @@ _UNREACHABLE = {
 class Reconciler:
     """Owns one tick; everything it needs is injected."""
 
-    def __init__(self, store: Store, adapter: SlurmPort, *, metrics: Metrics,
+    def __init__(self, store: Store, adapter: SchedulerPort, *, metrics: Metrics,
                  clock: Clock = time.time, settings: TickSettings | None = None,
                  fence: Fence | None = None, budget_s: float | None = None,
                  clusters: Clusters | None = None,

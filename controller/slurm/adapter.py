@@ -1,6 +1,6 @@
 """The Slurm adapter: SPEC §2-§5 against a real cluster, every command through a ``Runner``.
 
-``SlurmAdapter`` implements ``controller.reconcile.ports.SlurmPort`` and the rest of the
+``SlurmAdapter`` implements ``controller.reconcile.ports.SchedulerPort`` and the rest of the
 operations a client of one Slurm cluster needs (Inspect, Requeue, Output, Preflight). It
 owns three things nothing else may do:
 

@@ -1,4 +1,4 @@
-"""A model of slurmctld (and slurmdbd) that fails on purpose, behind the ``SlurmPort``
+"""A model of slurmctld (and slurmdbd) that fails on purpose, behind the ``SchedulerPort``
 the reconciler calls, and the ground truth of what really happened on it.
 
 One ``Cluster`` is shared by every replica of every deployment (they are one Slurm user:
@@ -532,7 +532,7 @@ def _accounting(job: SimJob, now: int) -> ObjectObs | None:
 
 @dataclass
 class Port:
-    """The ``SlurmPort`` of one replica: the shared cluster, called as ``who``."""
+    """The ``SchedulerPort`` of one replica: the shared cluster, called as ``who``."""
 
     model: Cluster
     who: Caller

@@ -11,7 +11,7 @@ Production code being changed elsewhere should only ever need this file changed 
 * ``Replica``: one daemon replica of a deployment: its own ``Store`` (engine), its own
   ``Lease`` (injected virtual ``clock`` and ``monotonic``), its own ``Reconciler``
   (``clock``, ``fence=lease``, ``budget_s`` as the daemon passes it), whose
-  ``SlurmPort`` is the model cluster (``tests.sim.cluster.Port``) called with the
+  ``SchedulerPort`` is the model cluster (``tests.sim.cluster.Port``) called with the
   lease's ``guard`` as the adapter's write guard. ``start_tick`` is
   ``Shard._tick_guarded`` up to the tick and ``keep`` is ``Daemon._keep_once`` for the
   replica's one shard, both without threads (the daemon runs them through
