@@ -12,8 +12,10 @@ import re
 
 from controller.runner.base import CommandResult
 
-_READ = re.compile(r"^if \[ -e (\S+) \]; then exec cat -- \S+; fi\n$")  # (plain paths: the benches')
-_WRITE = re.compile(r"^mkdir -p -- \S+ && printf '%s\\n' ([0-9a-f]+) > \S+ && mv -f -- \S+ (\S+)\n$")
+# (paths without blanks or quotes: the benchmarks')
+_READ = re.compile(r"^if \[ -e (\S+) \]; then exec cat -- \S+; fi\n$")
+_WRITE = re.compile(
+    r"^mkdir -p -- \S+ && printf '%s\\n' ([0-9a-f]+) > \S+ && mv -f -- \S+ (\S+)\n$")
 
 
 class Markers:

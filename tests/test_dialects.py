@@ -304,3 +304,20 @@ def test_recorded_full_sacct_text() -> None:
     assert [j.job_id for j in jobs] == [1, 3]
     # the failed job's true exit code (22.05's sacct JSON reported it as 0)
     assert [j.return_code for j in jobs] == [3, None]
+
+
+def test_squeue_lines_decode_each_line_on_its_own() -> None:
+    """``SqueueLines`` reuses the decoded value of a field text it saw before (a 100k-job
+    queue prints few distinct ones), yet every line keeps its own values, and a bad field
+    fails with the number of its own line, also after good lines with the same layout."""
+    other = (SQ_ROW.replace("7|", "8|", 1).replace("|R|RUNNING|", "|PD|PENDING|")
+             .replace("2026-11-30T12:00:01", "2026-11-30T12:00:05"))
+    jobs = parse_squeue_text(f"{SQ_ROW}\n{other}\n{SQ_ROW}\n")
+    assert [(j.job_id, j.base_state, j.start_time) for j in jobs] == [
+        (7, "RUNNING", 1796040001), (8, "PENDING", 1796040005), (7, "RUNNING", 1796040001)]
+    assert jobs[0] == jobs[2] and jobs[0] is not jobs[2]
+    bad = SQ_ROW.replace("2026-11-30T12:00:01", "yesterday")
+    with pytest.raises(ProtocolError, match="squeue line 3 StartTime"):
+        parse_squeue_text(f"{SQ_ROW}\n{other}\n{bad}\n{SQ_ROW}\n")
+    with pytest.raises(ProtocolError, match="squeue line 2: State"):
+        parse_squeue_text(f"{SQ_ROW}\n{SQ_ROW.replace('|R|', '|PD|')}\n")

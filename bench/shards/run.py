@@ -77,10 +77,10 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import create_engine, insert, select, text  # noqa: E402
 
+from bench.fakes import Markers  # noqa: E402
 from controller.config import Config, parse_config  # noqa: E402
 from controller.daemon.service import Daemon, build_shard  # noqa: E402
 from controller.daemon.shard import lease_name  # noqa: E402
-from bench.fakes import Markers  # noqa: E402
 from controller.metrics import Metrics  # noqa: E402
 from controller.reconcile.placement import Clusters  # noqa: E402
 from controller.reconcile.tick import Reconciler, TickReport  # noqa: E402

@@ -30,10 +30,11 @@ Normalisation rules worth knowing (the rest is in the helpers' docstrings):
 from __future__ import annotations
 
 import calendar
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 from controller.errors import ProtocolError
 from controller.slurm.hostlist import expand_hostlist
@@ -352,44 +353,152 @@ def parse_squeue_text(text: str, *,
     prints the state description when one is set; known descriptions give back their
     reason. StateCompact, when present, must agree with State (a shifted column fails).
     """
-    _check_columns(columns, _SQUEUE_REQUIRED, SQUEUE_TEXT_COLUMNS_SLUID, "squeue")
-    jobs: list[SlurmJob] = []
-    for number, row in _text_rows(text, columns, trailing_separator=True, command="squeue"):
-        where = f"squeue line {number}"
-        state_text = row["State"]
-        words = [_word(word, f"{where} State") for word in state_text.split(",")]
-        base, flags = split_state_words(words)
-        compact = row.get("StateCompact")
-        if compact is not None and not _compact_agrees(words, compact):
-            raise ProtocolError(
-                f"{where}: State {state_text!r} disagrees with StateCompact {compact!r}")
-        reason, description = _text_reason(row["Reason"])
-        return_code, signal = _text_exit_code(row.get("exit_code", ""), f"{where} exit_code")
-        jobs.append(SlurmJob(
-            job_id=_text_job_id(row["JobID"], f"{where} JobID"),
-            name=row["Name"],
-            user=row.get("UserName") or None,
+    if not isinstance(text, str):
+        raise ProtocolError(f"expected squeue text, got {type(text).__name__}")
+    parser = SqueueLines(columns)
+    line = parser.line
+    return [line(body, number) for number, body in enumerate(text.splitlines(), start=1)
+            if body.strip()]
+
+
+class SqueueLines:
+    """The parser of one read's squeue lines (``parse_squeue_text``, one line at a time).
+
+    A queue of 100k jobs prints a few distinct values in most columns (states, times to
+    the second, node lists, limits, comments): each distinct field text is decoded and
+    checked once per parser and its value reused for every other line that prints it.
+    A field that fails is never remembered, so every bad line raises with its own line
+    number, as before. Make one per read: what it remembers is that read's values."""
+
+    def __init__(self, columns: tuple[str, ...] = SQUEUE_TEXT_COLUMNS) -> None:
+        _check_columns(columns, _SQUEUE_REQUIRED, SQUEUE_TEXT_COLUMNS_SLUID, "squeue")
+        self.columns = columns
+        self._width = len(columns)
+        # a column the read did not ask for reads as "" (an extra field after the last)
+        at = {column: index for index, column in enumerate(columns)}
+        self._at = {column: at.get(column, len(columns)) for column in _SQUEUE_FIELDS}
+        self._at["State\0"] = len(columns) + 1  # the State|StateCompact key, after ""
+        self._compact = "StateCompact" in at
+        # (field index, that column's decoded values by text, decoder, column) of the
+        # memoized fields, in ``_MEMOIZED`` order
+        self._plan = [(self._at[column], {}, decode, column)
+                      for column, decode in _MEMOIZED]
+        # the texts of all memoized fields of a line at once: lines that print the same
+        # ones (a queue's jobs mostly differ in id, name and node list) are decoded with
+        # one lookup; at most ``_LINE_KINDS`` such keys are kept (each holds its texts)
+        self._key = operator.itemgetter(*(index for index, _, _, _ in self._plan))
+        self._kinds: dict[tuple[str, ...], list[Any]] = {}
+
+    def line(self, line: str, number: int) -> SlurmJob:
+        """The record of one line (with or without its newline)."""
+        body = line.rstrip("\n")
+        if not body.endswith("|"):
+            raise ProtocolError(f"squeue line {number}: truncated (no final '|')")
+        fields = body[:-1].split("|", self._width - 1)
+        if len(fields) != self._width:
+            raise ProtocolError(f"squeue line {number}: expected {self._width} fields, "
+                                f"got {len(fields)}: {body!r:.200}")
+        at = self._at
+        fields.append("")
+        state_text = fields[at["State"]]
+        fields.append(f"{state_text}\0{fields[at['StateCompact']]}" if self._compact
+                      else f"{state_text}\0{_NO_COMPACT}")  # the key of ``_state_field``
+        key = self._key(fields)
+        values = self._kinds.get(key)
+        if values is None:
+            values = []
+            for index, known, decode, column in self._plan:
+                text = fields[index]
+                value = known.get(text, _MISS)
+                if value is _MISS:
+                    value = known[text] = decode(text, f"squeue line {number} {column}")
+                values.append(value)
+            if len(self._kinds) < _LINE_KINDS:
+                self._kinds[key] = values
+        ((base, flags), (return_code, signal), (reason, description), comment, submit,
+         eligible, start, end, preempt, restarts, nodes, time_limit, requeue,
+         cluster) = values
+        return SlurmJob(
+            job_id=_text_job_id(fields[at["JobID"]], f"squeue line {number} JobID"),
+            name=fields[at["Name"]],
+            user=fields[at["UserName"]] or None,
             base_state=base,
             flags=flags,
             reason=reason,
             description=description,
-            comment=_comment(row["Comment"]),
-            submit_time=_row_time(row, "SubmitTime", where),
-            eligible_time=_row_time(row, "EligibleTime", where),
-            start_time=_row_time(row, "StartTime", where),
-            end_time=_row_time(row, "EndTime", where),
-            preempt_time=_row_time(row, "PreemptTime", where),
-            restart_count=_text_int(row["RestartCnt"], f"{where} RestartCnt"),
-            nodes=expand_hostlist(row["NodeList"]),
+            comment=comment,
+            submit_time=submit,
+            eligible_time=eligible,
+            start_time=start,
+            end_time=end,
+            preempt_time=preempt,
+            restart_count=restarts,
+            nodes=nodes,
             return_code=return_code,
             signal=signal,
-            time_limit_s=parse_duration(row.get("TimeLimit", ""), path=f"{where} TimeLimit"),
-            requeue=_text_bool(row.get("Requeue", ""), f"{where} Requeue"),
-            cluster=_text_cluster(row.get("Cluster", "")),
+            time_limit_s=time_limit,
+            requeue=requeue,
+            cluster=cluster,
             state_text=state_text,
-            sluid=_text_sluid(row.get("SLUID", ""), f"{where} SLUID"),
-        ))
-    return jobs
+            sluid=_text_sluid(fields[at["SLUID"]], f"squeue line {number} SLUID"),
+        )
+
+
+_NO_COMPACT: Final = "\1"  # a read without the StateCompact column (``_state_field``)
+
+
+def _state_field(text: str, path: str) -> tuple[str, tuple[str, ...]]:
+    """(base, flags) of ``State<NUL>StateCompact`` (``_NO_COMPACT`` for a read without the
+    compact column); the two must agree."""
+    state_text, _, compact = text.rpartition("\0")
+    where = path.rsplit(" ", 1)[0]
+    words = [_word(word, f"{where} State") for word in state_text.split(",")]
+    if compact != _NO_COMPACT and not _compact_agrees(words, compact):
+        raise ProtocolError(
+            f"{where}: State {state_text!r} disagrees with StateCompact {compact!r}")
+    return split_state_words(words)
+
+
+def _exit_field(text: str, path: str) -> tuple[int | None, int | None]:
+    return _text_exit_code(text, path)
+
+
+def _reason_field(text: str, path: str) -> tuple[str, str]:
+    return _text_reason(text)
+
+
+def _comment_field(text: str, path: str) -> str | None:
+    return _comment(text)
+
+
+def _time_field(text: str, path: str) -> int | None:
+    return parse_text_time(text, path=path)
+
+
+def _duration_field(text: str, path: str) -> int | None:
+    return parse_duration(text, path=path)
+
+
+def _nodes_field(text: str, path: str) -> tuple[str, ...]:
+    return expand_hostlist(text)
+
+
+def _cluster_field(text: str, path: str) -> str:
+    return _text_cluster(text)
+
+
+_MISS: Final = object()
+_LINE_KINDS: Final = 4096  # distinct memoized-field combinations a parser keeps
+# every column a record reads; "" where the read did not ask for it (``SqueueLines``)
+_SQUEUE_FIELDS: Final = (*SQUEUE_TEXT_COLUMNS_SLUID, "State\0")
+# the fields ``SqueueLines`` decodes once per distinct text, in the order it unpacks them
+_MEMOIZED: Final[tuple[tuple[str, Callable[[str, str], Any]], ...]] = (
+    ("State\0", _state_field), ("exit_code", _exit_field), ("Reason", _reason_field),
+    ("Comment", _comment_field), ("SubmitTime", _time_field),
+    ("EligibleTime", _time_field), ("StartTime", _time_field), ("EndTime", _time_field),
+    ("PreemptTime", _time_field), ("RestartCnt", _text_int), ("NodeList", _nodes_field),
+    ("TimeLimit", _duration_field), ("Requeue", _text_bool), ("Cluster", _cluster_field),
+)
 
 
 _SACCT_REQUIRED: Final = frozenset({

@@ -239,6 +239,7 @@ class Reads(AdapterBase):
         remembered: dict[int, _RowMemo] = {}
         wanted = found.get
         share = Share()  # one copy of the values the observations made now have in common
+        parser = dialects.SqueueLines(columns)  # each distinct field decoded once per read
         for block in _blocks(result.stdout):
             for line in block.splitlines():
                 key = hash(line)
@@ -251,7 +252,7 @@ class Reads(AdapterBase):
                     if (strays is None
                             and match.group(2)[len(naming.NAME_PREFIX):] not in found):
                         continue
-                    memo = self._classify_row(line, now, columns, share=share)
+                    memo = self._classify_row(line, now, parser, share=share)
                 remembered[key] = memo
                 obs = memo[1]
                 if obs is not None:
@@ -265,19 +266,16 @@ class Reads(AdapterBase):
                         found[memo[0]] = memo[4]
         self._live_rows = remembered
 
-    def _classify_row(self, line: str, now: int,
-                      columns: tuple[str, ...] = dialects.SQUEUE_TEXT_COLUMNS, *,
+    def _classify_row(self, line: str, now: int, parser: dialects.SqueueLines, *,
                       share: Share | None = None) -> _RowMemo:
         """One squeue row of ours: its job id, its observation (None: another user's job),
         the second it was made, and the second from which it may no longer hold.
         ``share`` (``classify``'s) gives the observation the values other rows have too."""
-        name = ""
         obs = None
         until = _FOREVER
-        for job in dialects.parse_squeue_text(line + "\n", columns=columns):
-            name = job.name[len(naming.NAME_PREFIX):]
-            if job.user != self.user:
-                continue
+        job = parser.line(line, 1)
+        name = job.name[len(naming.NAME_PREFIX):]
+        if job.user == self.user:
             obs = self._observe(job, now=now, share=share)
             expires = valid_until(job, now=now)  # classify's own clock rules
             if expires is not None:

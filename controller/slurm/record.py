@@ -6,9 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlurmJob:
     """One Slurm job as read from squeue/scontrol (live) or sacct (accounting).
+
+    Not frozen, only because a frozen dataclass's constructor sets each of its 24 fields
+    through ``object.__setattr__``, a third of the parse of a 100k-job queue: treat it as
+    immutable (nothing writes one after its parser made it).
 
     Times are epoch seconds, ``None`` when Slurm reports them unset (``0``, ``N/A``,
     ``Unknown``, ``None``). ``base_state`` is one of Slurm's base
