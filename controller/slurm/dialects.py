@@ -381,8 +381,8 @@ class SqueueLines:
         self._compact = "StateCompact" in at
         # (field index, that column's decoded values by text, decoder, column) of the
         # memoized fields, in ``_MEMOIZED`` order
-        self._plan = [(self._at[column], {}, decode, column)
-                      for column, decode in _MEMOIZED]
+        self._plan: list[tuple[int, dict[str, Any], Callable[[str, str], Any], str]] = [
+            (self._at[column], {}, decode, column) for column, decode in _MEMOIZED]
         # the texts of all memoized fields of a line at once: lines that print the same
         # ones (a queue's jobs mostly differ in id, name and node list) are decoded with
         # one lookup; at most ``_LINE_KINDS`` such keys are kept (each holds its texts)
