@@ -30,12 +30,12 @@ def test_migrations_match_models(any_store: Store) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(ctx, Base.metadata)
     assert diff == []
-    assert any_store.current_revision() == "0006"
+    assert any_store.current_revision() == "0007"
 
 
 def test_migrate_is_idempotent(any_store: Store) -> None:
     any_store.migrate()
-    assert any_store.current_revision() == "0006"
+    assert any_store.current_revision() == "0007"
 
 
 def test_insert_and_load_round_trip(any_store: Store) -> None:

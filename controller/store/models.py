@@ -52,6 +52,9 @@ class Job(Base):
     # Opaque; changed by a trigger on every INSERT and UPDATE (migration 0002), whoever
     # writes: the controller reloads a row only when its version moved. Never written here.
     version: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # the change stamp: written by triggers on every INSERT and UPDATE (migration 0007);
+    # a tick reads the rows stamped since its last read. Never written here.
+    changed: Mapped[int] = mapped_column(BigInteger, server_default="0", index=True)
 
 
 class JobStatus(Base):
@@ -87,6 +90,8 @@ class JobStatus(Base):
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     version: Mapped[int] = mapped_column(BigInteger, server_default="0")  # as Job.version
+    changed: Mapped[int] = mapped_column(BigInteger, server_default="0",
+                                         index=True)  # as Job.changed
     # the current object's SLUID, where the cluster reports one (migration 0004)
     sluid: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
@@ -163,6 +168,16 @@ class Replica(Base):
     shards: Mapped[str] = mapped_column(Text, default="", server_default="")  # held, comma
 
 
+class ChangeSeq(Base):
+    """SQLite's change counter (migration 0007): one row, id 1, moved by the triggers that
+    stamp ``changed``. PostgreSQL stamps with transaction ids and leaves it alone."""
+
+    __tablename__ = "change_seq"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    n: Mapped[int] = mapped_column(BigInteger)
+
+
 class Tombstone(Base):
     """A job row that was deleted (migration 0006: a trigger writes it, whoever deletes):
     its id stays this database's, so its live Slurm jobs are still stopped by this
@@ -175,6 +190,8 @@ class Tombstone(Base):
     job_id: Mapped[str] = mapped_column(String(26), primary_key=True)
     deleted_at_ms: Mapped[int] = mapped_column(BigInteger, index=True)
     refs: Mapped[str] = mapped_column(Text, default="", server_default="")
+    changed: Mapped[int] = mapped_column(BigInteger, server_default="0",
+                                         index=True)  # as Job.changed
 
 
 class UnownedObject(Base):

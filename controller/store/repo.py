@@ -26,6 +26,7 @@ from sqlalchemy import (
     literal_column,
     select,
     text,
+    union,
     update,
 )
 from sqlalchemy.orm import Session
@@ -398,14 +399,26 @@ def _shard(cluster: str | None) -> Any:
 _VERSIONS_SQL: dict[tuple[str, str | None], str] = {}
 
 
-def tracked_versions(tx: Session, cluster: str | None = None,
+def tracked_versions(tx: Session, cluster: str | None = None, *,
+                     ids: Collection[str] | None = None,
                      ) -> list[tuple[str, int, int | None]]:
     """(job id, jobs.version, job_status.version or None) of every tracked job (of the
     shard of ``cluster``: ``_shard``): the cheap read that tells the tick which rows
-    changed since it loaded them. It runs on the driver's cursor: 100k plain tuples cost
+    changed since it loaded them; with ``ids``, of those of them that are tracked (a
+    chunk of ids per statement). It runs on the driver's cursor: 100k plain tuples cost
     a fraction of 100k result rows."""
     conn = tx.connection()
     dialect = conn.dialect
+    if ids is not None:
+        rows: list[tuple[str, int, int | None]] = []
+        wanted = list(ids)
+        for start in range(0, len(wanted), _IDS_PER_STATEMENT):
+            query = (select(Job.id, Job.version, JobStatus.version)
+                     .outerjoin(JobStatus, JobStatus.job_id == Job.id)
+                     .where(_shard(cluster),
+                            Job.id.in_(wanted[start:start + _IDS_PER_STATEMENT])))
+            rows.extend((row[0], row[1], row[2]) for row in conn.execute(query))
+        return rows
     sql = _VERSIONS_SQL.get((dialect.name, cluster))
     if sql is None:
         query = (select(Job.id, Job.version, JobStatus.version)
@@ -415,10 +428,39 @@ def tracked_versions(tx: Session, cluster: str | None = None,
     cursor = conn.connection.cursor()
     try:
         cursor.execute(sql)
-        rows = cursor.fetchall()
+        rows = cursor.fetchall()  # type: ignore[assignment]  # (DBAPI rows: tuples)
     finally:
         cursor.close()
-    return rows  # type: ignore[return-value]  # the DBAPI types rows loosely
+    return rows
+
+
+_IDS_PER_STATEMENT = 5000  # ids bound in one IN list (SQLite allows 32766 variables)
+
+# the mark of each database (migration 0007): the least stamp a change committed after
+# the mark was taken can have
+_MARK_SQL = {
+    "sqlite": "SELECT n + 1 FROM change_seq WHERE id = 1",
+    "postgresql": "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint",
+}
+
+
+def change_mark(tx: Session) -> int:
+    """The change feed's mark now (migration 0007): every row written after this call
+    (and every row of a transaction still running now) is stamped ``>=`` it. Take it
+    before a read, and read ``changed_ids(since=mark)`` next time."""
+    conn = tx.connection()
+    value = conn.execute(text(_MARK_SQL[conn.dialect.name])).scalar()
+    return int(value or 0)
+
+
+def changed_ids(tx: Session, *, since: int) -> set[str]:
+    """The ids of the jobs whose row or status row was written, or that were deleted,
+    with a stamp ``>= since`` (``change_mark``): three index range scans, whatever the
+    number of jobs."""
+    query = union(select(Job.id).where(Job.changed >= since),
+                  select(JobStatus.job_id).where(JobStatus.changed >= since),
+                  select(Tombstone.job_id).where(Tombstone.changed >= since))
+    return set(tx.connection().execute(query).scalars())
 
 
 def changed_after_status(tx: Session) -> set[str]:
@@ -430,16 +472,21 @@ def changed_after_status(tx: Session) -> set[str]:
     return set(tx.scalars(query))
 
 
-# triggers of migration 0002, by dialect: without them versions never move
+# triggers of migrations 0002 and 0007, by dialect: without them versions never move
+# and the change feed misses rows
 _VERSION_TRIGGERS = {
     "sqlite": ("jobs_version_insert", "jobs_version_update", "job_status_version_insert",
-               "job_status_version_update"),
-    "postgresql": ("jobs_version", "job_status_version"),
+               "job_status_version_update", "jobs_changed_update",
+               "job_status_changed_update", "tombstones_changed_insert",
+               "tombstones_changed_update", "job_status_deleted"),
+    "postgresql": ("jobs_version", "job_status_version", "tombstones_changed",
+                   "job_status_deleted"),
 }
 
 
 def row_versions_maintained(tx: Session) -> bool:
-    """Whether the version triggers of migration 0002 are in place (and enabled)."""
+    """Whether the version and change-stamp triggers of migrations 0002 and 0007 are in
+    place (and enabled)."""
     dialect = tx.get_bind().dialect.name
     names = _VERSION_TRIGGERS.get(dialect)
     if names is None:
@@ -450,7 +497,8 @@ def row_versions_maintained(tx: Session) -> bool:
     else:
         query = text("SELECT count(*) FROM pg_trigger WHERE tgname IN :names "
                      "AND tgenabled <> 'D' AND NOT tgisinternal "
-                     "AND tgrelid IN (to_regclass('jobs'), to_regclass('job_status'))"
+                     "AND tgrelid IN (to_regclass('jobs'), to_regclass('job_status'), "
+                     "to_regclass('tombstones'))"
                      ).bindparams(bindparam("names", expanding=True))
     found = tx.execute(query, {"names": list(names)}).scalar()
     return int(found or 0) == len(names)
