@@ -1,8 +1,9 @@
 """The observation memo: what a reconciler remembers of each tracked job between ticks,
 and which jobs a tick plans (incremental, still level-triggered; ``tick``'s docstring).
 
-* ``track``: each tick reads only ``(id, version, status version)`` of the tracked jobs;
-  a job that is new or whose versions moved gets a fresh ``Memo`` and is planned;
+* ``track``: a tick reads ``(id, version, status version)`` of the jobs the change feed
+  names (all of them on the first tick); a job that is new or whose versions moved gets
+  a fresh ``Memo`` and is planned;
 * ``unsettled``: a job is not planned again when its last plan was *quiet* and its inputs
   (row versions, live observations, the plan epoch) are the same and no clock trigger is
   due (``Plan.recheck_at``); every job is planned again within ``replan_s``;
@@ -114,6 +115,9 @@ class Memory:
         self.outcomes = outcomes
         self.memos: dict[str, Memo] = {}  # tracked job id -> what the last ticks learned
         self.loaded = False  # memos holds every tracked job as of the last tick
+        # the change feed's mark taken before the last read of versions (None: read them
+        # all next time; ``track``)
+        self.mark: int | None = None
         self.ticks = 0  # ticks begun: a Memo's birth, for new-rows-first
         self._versions_kept: bool | None = None  # the version triggers are in place
         self._warned = False
@@ -129,6 +133,7 @@ class Memory:
         self.memos = {}
         self.validated = {}
         self.loaded = False
+        self.mark = None
         self._epoch_key = None
 
     def begin(self) -> None:
@@ -151,7 +156,13 @@ class Memory:
 
     def track(self, report: TickReport) -> dict[str, Memo]:
         """The tracked jobs, by id: the remembered ones whose rows did not move, and a
-        fresh ``Memo`` (nothing known, planned this tick) for every other one."""
+        fresh ``Memo`` (nothing known, planned this tick) for every other one.
+
+        The first tick (and any tick without the triggers) reads every tracked job's
+        versions; later ticks read the change feed (migration 0007): the ids written or
+        deleted since the mark taken before the last read, and the versions of those
+        alone -- a steady tick's database work is the rows that changed, not the jobs
+        tracked. ``report.changed_rows`` counts them."""
         with self.store.transaction() as tx:
             if self._versions_kept is None or not self.loaded:
                 self._versions_kept = repo.row_versions_maintained(tx)
@@ -159,28 +170,36 @@ class Memory:
                 self._versions_kept = False
             if not self._versions_kept and not self._warned:
                 self._warned = True
-                log.warning("the row version triggers of migration 0002 are missing: "
-                            "every job is read and planned every tick")
-            rows = repo.tracked_versions(tx, self.here)
-        memos = self.memos
+                log.warning("the row version triggers of migrations 0002 and 0007 are "
+                            "missing: every job is read and planned every tick")
+            full = not self.loaded or not self._versions_kept or self.mark is None
+            mark = repo.change_mark(tx) if self._versions_kept else None
+            if full:
+                rows = repo.tracked_versions(tx, self.here)
+                changed: set[str] | None = None
+            else:
+                assert self.mark is not None
+                changed = repo.changed_ids(tx, since=self.mark)
+                rows = repo.tracked_versions(tx, self.here, ids=changed) if changed else []
+        self.mark = mark
         born = self.ticks
-        if not self.loaded or not self._versions_kept:
+        if full:
             report.full_load = True
+            report.changed_rows = len(rows)
             self.memos = {job_id: Memo(version, status_version, born=born)
                           for job_id, version, status_version in rows}
             self.outcomes.keep_only(self.memos)
             self.loaded = True
             return self.memos
-        before = len(memos)
-        known = 0
+        assert changed is not None
+        report.changed_rows = len(changed)
+        memos = self.memos
         remembered = memos.get
         for job_id, version, status_version in rows:
             memo = remembered(job_id)
             if memo is None:
                 memos[job_id] = Memo(version, status_version, born=born)
-                continue
-            known += 1
-            if memo.version != version or memo.status_version != status_version:
+            elif memo.version != version or memo.status_version != status_version:
                 # a status that this reconciler wrote itself does not make the row new
                 kept = memo.wrote and memo.version == version
                 memos[job_id] = Memo(version, status_version,
@@ -188,8 +207,11 @@ class Memory:
             elif status_version is None:  # no status row yet: planned again, as it was
                 memos[job_id] = Memo(version, status_version, born=memo.born,
                                      deferred_epoch=memo.deferred_epoch)
-        if known != before:  # some finished or were deleted
-            self.forget_jobs(memos.keys() - {row[0] for row in rows})
+        # written but not tracked by this shard any more: finished, deleted, placed on
+        # another cluster
+        gone = changed.difference(row[0] for row in rows)
+        if gone:
+            self.forget_jobs(job_id for job_id in gone if job_id in memos)
         return memos
 
     def forget_jobs(self, job_ids: Iterable[str]) -> None:

@@ -14,6 +14,8 @@ class TickReport:
     skipped: int = 0  # tracked jobs whose unchanged, quiet plan was not made again
     reloaded: int = 0  # rows read in full this tick (every row on a full load)
     full_load: bool = False
+    # version triples read: every tracked job's on a full load, else the change feed's ids
+    changed_rows: int = 0
     actions: CountOf[str] = field(default_factory=CountOf)
     errors: list[str] = field(default_factory=list)
     slurm_ok: bool = True
