@@ -7,8 +7,11 @@
   fenced on its epoch, and its Slurm writes stop at the lease deadline minus a margin:
   a leader that stalled (SIGSTOP, a stuck loop) past its lease wakes up as a standby and
   writes nothing.
-- On gaining the lease: forget everything remembered (the next tick reloads every job)
-  and run preflight, logging what the cluster supports.
+- Standing by while the lease goes unrenewed (a takeover may come): shadow ticks, read-only
+  (``controller.reconcile.standby``), so that the first tick as leader starts from memory.
+- On gaining the lease: forget what only a leader's ticks may trust (``Reconciler.lead``;
+  the first tick reads what changed since the shadow ticks' last mark, or every job
+  without them) and run preflight, logging what the cluster supports.
 - Ticks run back to back while work waits (a burst's slices, action outcomes, a wake
   during a tick), at most ``AGAIN_LIMIT`` in a row.
 - A shard asked to shed (its daemon holds more than its fair share) gives its lease up
@@ -117,10 +120,14 @@ class Shard:
             if not leader:
                 self._standing_by()
                 if self._takeover_near() and self.may_take():
-                    await self.reconciler.prewarm()
+                    # keep warm: the first tick as leader starts from memory
+                    await self.reconciler.shadow()
                 return
             if self.lease.epoch != self._held_epoch:
-                self.reconciler.forget()  # another leader may have acted meanwhile
+                # another leader may have acted meanwhile: what only a leader's own
+                # ticks know is dropped; what shadow ticks learned is checked against
+                # the change feed and a new live read by the first tick
+                self.reconciler.lead()
                 self._held_epoch = self.lease.epoch
                 log.info("leading", extra={"cluster": self.name, "holder": self.lease.holder,
                                            "epoch": self.lease.epoch})

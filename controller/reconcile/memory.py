@@ -346,9 +346,12 @@ class Memory:
     # ------------------------------------------------------------ remember
 
     def remember(self, outcomes: Sequence[tuple[Todo, Plan | None]], written: set[str],
-                 ctx: PlanContext, epoch: int) -> None:
+                 ctx: PlanContext, epoch: int, *, ours: bool = True) -> None:
         """After the commit: which plans were quiet, until when, and each job's gauges;
-        the action outcomes a committed plan was given are spent."""
+        the action outcomes a committed plan was given are spent. ``written``: the ids
+        whose status row the commit wrote (``ours``) or would have written (a standby's
+        shadow tick, ``controller.reconcile.standby``: not quiet, and not its own
+        write)."""
         replan_s = max(1, self.settings.replan_s)
         moments: dict[int, int] = {}  # one int per recheck second (jobs hold many alike)
         for item, p in outcomes:
@@ -363,7 +366,7 @@ class Memory:
                 continue
             if item.outcomes:  # planned and committed: the outcomes are spent
                 self.outcomes.spend(item.job_id, item.outcomes)
-            memo.wrote = item.job_id in written
+            memo.wrote = ours and item.job_id in written
             memo.gauge = job_gauge(p.status)
             if (p.actions or p.submissions or p.events or item.needs_accounting
                     or not memo.valid or not job.has_status

@@ -591,6 +591,14 @@ def cancel_needs_accounting(obs: ObjectObs) -> bool:
             and obs.cause.provenance != Provenance.SLURM)
 
 
+def needs_accounting(ref: ObjectRef | None, live: Sequence[ObjectObs]) -> bool:
+    """Whether a job's plan needs the accounting record of its current object ``ref``:
+    squeue does not hold that object any more, or holds it cancelled by someone only
+    sacct names (``cancel_needs_accounting``)."""
+    return ref is not None and not any(
+        same_object(ref, obs) and not cancel_needs_accounting(obs) for obs in live)
+
+
 def _current_observation(b: _Builder, ours: Sequence[ObjectObs],
                          observed: Observed) -> ObjectObs | None:
     cur = b.job.current

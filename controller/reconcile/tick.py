@@ -74,7 +74,7 @@ from controller.model.obs import (
     ObjectObs,
     ObjectRef,
 )
-from controller.reconcile import gauges
+from controller.reconcile import gauges, standby
 from controller.reconcile.apply import Applier
 from controller.reconcile.memory import NO_OBS, Memo, Memory, Todo, newest_first
 from controller.reconcile.outcomes import OutcomeBook
@@ -85,10 +85,9 @@ from controller.reconcile.plan import (
     Plan,
     PlanContext,
     Submit,
-    cancel_needs_accounting,
+    needs_accounting,
     no_object_yet,
     plan,
-    same_object,
 )
 from controller.reconcile.ports import ClusterStats, Fence, NoFence, SchedulerPort
 from controller.reconcile.report import TickReport
@@ -178,18 +177,38 @@ class Reconciler:
         self.applier.starts = set()
         self._started_before_read = set()
 
-    async def prewarm(self) -> None:
-        """A standby about to take the lease over: make the live read its first tick needs
-        (read-only), so the adapter parses the whole queue now and the new leader reuses
-        every unchanged row. Nothing is remembered here but the adapter's row cache: the
-        first tick as leader still loads and plans every job (``forget``)."""
+    def lead(self) -> None:
+        """This replica has just taken the lease: forget what only a leader's own ticks
+        may trust -- action outcomes, the last read's ids, Starts in flight, the
+        ownership claim, the sweep -- and keep what shadow ticks remembered
+        (``controller.reconcile.standby``): the first tick as leader reads the change
+        feed since their last mark and makes its own live read, so it plans the jobs
+        whose rows or observations moved, not every job. Without shadow ticks (or after
+        ``forget``) it loads and plans every job."""
+        self.outcomes.clear()
+        self.sweeper.forget()
+        self.owner.forget()
+        self._seen = None
+        self.applier.starts = set()
+        self._started_before_read = set()
+
+    async def shadow(self) -> TickReport:
+        """A standby's read-only tick (``controller.reconcile.standby``): the change feed,
+        one live read, and quiet plans remembered; nothing written anywhere. A failed read
+        is logged and leaves the memory as it was."""
+        report = TickReport()
+        began = self.timer()
+        ctx = self._context(self.now())
         try:
-            with self.store.transaction() as tx:
-                ids = [job_id for job_id, _, _ in repo.tracked_versions(tx, self.here)
-                       if is_job_id(job_id)]
-            await self.adapter.find_many(ids, strays={})
+            await standby.shadow(self.memory, self.adapter, ctx,
+                                 chunk=self.settings.plan_chunk, report=report,
+                                 spent=lambda: self._spent(began))
         except DispatchError as exc:
-            log.info("prewarm read failed", extra={"error": str(exc)})
+            report.slurm_ok = False
+            report.errors.append(f"shadow read: {exc}")
+            log.info("shadow tick: read failed", extra={"error": str(exc)})
+        report.duration_s = self.timer() - began
+        return report
 
     def now(self) -> int:
         return int(self.clock())
@@ -552,10 +571,7 @@ class Reconciler:
                     ref = cur.ref if cur is not None and state.spec is not None else None
                 else:
                     ref = refs.get(item.job_id)
-                if ref is None:
-                    continue
-                if not any(same_object(ref, o) and not cancel_needs_accounting(o)
-                           for o in item.seen):
+                if ref is not None and needs_accounting(ref, item.seen):
                     # not in squeue, or cancelled there by someone sacct will name
                     item.needs_accounting = True
                     missing.append(ref)

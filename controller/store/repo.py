@@ -722,6 +722,13 @@ _SHARD_STATUS_UPDATE = _STATUS_UPDATE.where(
     (_STATUS_TABLE.c.cluster == bindparam("shard")) | _STATUS_TABLE.c.cluster.is_(None))
 
 
+def status_would_change(write: StatusWrite) -> bool:
+    """Whether ``save_statuses`` would write this status row (a standby's dry plan asks:
+    ``controller.reconcile.standby``)."""
+    return not _unchanged(status_row_values(write.state, reject_reason=write.reject_reason),
+                          write.previous)
+
+
 def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int,
                   cluster: str | None = None) -> set[str]:
     """``save_status`` for many jobs, as one executemany UPDATE and one INSERT; returns
@@ -733,7 +740,7 @@ def save_statuses(tx: Session, writes: Iterable[StatusWrite], *, now: int,
     written: set[str] = set()
     for w in writes:
         values = status_row_values(w.state, reject_reason=w.reject_reason)
-        if _unchanged(values, w.previous):
+        if _unchanged(values, w.previous):  # (``status_would_change``)
             continue
         values["updated_at"] = now
         if w.exists:
