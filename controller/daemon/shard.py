@@ -121,7 +121,7 @@ class Shard:
                 self._standing_by()
                 if self._takeover_near() and self.may_take():
                     # keep warm: the first tick as leader starts from memory
-                    await self.reconciler.shadow()
+                    await self.reconciler.shadow(until=self._lease_free)
                 return
             if self.lease.epoch != self._held_epoch:
                 # another leader may have acted meanwhile: what only a leader's own
@@ -201,6 +201,11 @@ class Shard:
         seen = self.seen
         window = max(self.lease.ttl_s / 2, self.tick_interval_s + 1)
         return seen is not None and seen.expires_at - self.clock() <= window
+
+    def _lease_free(self) -> bool:
+        """The lease we stand by has expired (as last read): it may be taken now."""
+        seen = self.seen
+        return seen is None or seen.expires_at <= self.clock()
 
     def _stand_down(self) -> None:
         self._held_epoch = None

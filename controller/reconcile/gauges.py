@@ -1,6 +1,6 @@
 """The gauges a tick publishes from what it remembers of its jobs: object states, stale
 jobs, the oldest pending job (from each job's share, ``job_gauge``), and the phase counts
-of the shard (one query)."""
+of the shard (one query, now and then)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,11 @@ def _shared_gauge(label: str | None, stale: bool) -> Gauge:
 
 
 def refresh(metrics: Metrics, gauges: Iterable[Gauge | None], *, store: Store,
-            here: str | None, clusters: Clusters | None, now: int) -> None:
-    """Publish the gauges of a shard's jobs (``gauges``: each tracked job's share)."""
+            here: str | None, clusters: Clusters | None, now: int,
+            phases: bool = True) -> None:
+    """Publish the gauges of a shard's jobs (``gauges``: each tracked job's share); the
+    phase counts too with ``phases`` (a scan of every status row: the tick asks for them
+    every ``reconcile.phase_counts_s``)."""
     states: CountOf[str] = CountOf()
     stale = 0
     pending_since: int | None = None
@@ -63,6 +66,8 @@ def refresh(metrics: Metrics, gauges: Iterable[Gauge | None], *, store: Store,
     metrics.set_object_counts(states)
     metrics.stale.set(stale)
     metrics.oldest_pending.set(max(0, now - pending_since) if pending_since is not None else 0)
+    if not phases:
+        return
     with store.transaction() as tx:
         metrics.set_phase_counts(repo.phase_counts(
             tx, here, unplaced=clusters is None or clusters.default == here))

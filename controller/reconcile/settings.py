@@ -60,5 +60,11 @@ class ReconcileConfig:
             "(besides at every takeover): a database restored from a backup while its "
             "deployment runs is found within this long, and refused")
 
+    phase_counts_s: int = setting(
+        60, unit="s", minimum=0, maximum=_HUNDRED_YEARS_S,
+        doc="dispatch_jobs (the jobs per phase: a scan of every status row, finished ones "
+            "included) is counted again on a tick that saw rows change or made plans, and "
+            "at least this often; 0: every tick")
+
 
 DEFAULTS = ReconcileConfig()

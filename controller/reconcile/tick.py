@@ -165,6 +165,8 @@ class Reconciler:
         # the ids Started since the read behind ``_seen`` began (``Applier.starts`` of
         # that tick and the next): their objects may be missing from that read
         self._started_before_read: set[str] = set()
+        # when the phase counts are read next (``reconcile.phase_counts_s``)
+        self._phases_due = 0
 
     def forget(self) -> None:
         """Drop everything remembered across ticks: the next tick loads every job and
@@ -192,17 +194,20 @@ class Reconciler:
         self.applier.starts = set()
         self._started_before_read = set()
 
-    async def shadow(self) -> TickReport:
+    async def shadow(self, *, until: Callable[[], bool] = lambda: False) -> TickReport:
         """A standby's read-only tick (``controller.reconcile.standby``): the change feed,
-        one live read, and quiet plans remembered; nothing written anywhere. A failed read
-        is logged and leaves the memory as it was."""
+        one live read, and quiet plans remembered; nothing written anywhere. It is not
+        bound by the tick's budget (the first one plans every job, a chunk at a time,
+        yielding between chunks); it stops between chunks once ``until()`` holds (the
+        lease may be taken now: the takeover must not wait for it). A failed read is
+        logged and leaves the memory as it was."""
         report = TickReport()
         began = self.timer()
         ctx = self._context(self.now())
         try:
             await standby.shadow(self.memory, self.adapter, ctx,
                                  chunk=self.settings.plan_chunk, report=report,
-                                 spent=lambda: self._spent(began))
+                                 spent=until)
         except DispatchError as exc:
             report.slurm_ok = False
             report.errors.append(f"shadow read: {exc}")
@@ -264,8 +269,13 @@ class Reconciler:
         report.replan_soon = bool(self.outcomes) or report.deferred > 0
         report.timings["apply"] += self.timer() - t0
         t0 = self.timer()
+        # the phase counts scan every status row: read again when rows changed or plans
+        # were made (their writes), else every ``phase_counts_s``
+        phases = bool(report.changed_rows or report.planned) or now >= self._phases_due
+        if phases:
+            self._phases_due = now + self.settings.phase_counts_s
         gauges.refresh(self.metrics, self.memory.gauges(), store=self.store, here=self.here,
-                       clusters=self.clusters, now=now)
+                       clusters=self.clusters, now=now, phases=phases)
         report.timings["gauges"] = self.timer() - t0
 
     async def _owned(self, now: int, report: TickReport) -> bool:
