@@ -68,7 +68,7 @@ def build_shard(config: Config, name: str, *, store: Store, adapter: SchedulerPo
                             clusters=Clusters(config.cluster_names, name))
     return Shard(name, store=store, adapter=adapter, metrics=metrics, lease=lease,
                  reconciler=reconciler, tick_interval_s=d.tick_interval_s, clock=clock,
-                 preflight=preflight)
+                 preflight=preflight, shadow_s=d.standby_shadow_s)
 
 
 class Daemon:

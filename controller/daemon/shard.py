@@ -7,8 +7,9 @@
   fenced on its epoch, and its Slurm writes stop at the lease deadline minus a margin:
   a leader that stalled (SIGSTOP, a stuck loop) past its lease wakes up as a standby and
   writes nothing.
-- Standing by while the lease goes unrenewed (a takeover may come): shadow ticks, read-only
-  (``controller.reconcile.standby``), so that the first tick as leader starts from memory.
+- Standing by: shadow ticks, read-only (``controller.reconcile.standby``), every
+  ``daemon.standby_shadow_s`` and at every tick while the lease goes unrenewed (a
+  takeover may come), so that the first tick as leader starts from memory.
 - On gaining the lease: forget what only a leader's ticks may trust (``Reconciler.lead``;
   the first tick reads what changed since the shadow ticks' last mark, or every job
   without them) and run preflight, logging what the cluster supports.
@@ -57,7 +58,7 @@ class Shard:
 
     def __init__(self, name: str, *, store: Store, adapter: SchedulerPort, metrics: Metrics,
                  lease: Lease, reconciler: Reconciler, tick_interval_s: float,
-                 clock: Clock = time.time,
+                 clock: Clock = time.time, shadow_s: float = 0.0,
                  preflight: Callable[[], Awaitable[list[str]]] | None = None,
                  may_take: Callable[[], bool] = lambda: True,
                  on_moved: Callable[[set[str]], None] = lambda clusters: None) -> None:
@@ -69,6 +70,10 @@ class Shard:
         self.reconciler = reconciler
         self.tick_interval_s = tick_interval_s
         self.clock = clock
+        # a standby's shadow ticks: at least every ``shadow_s`` (0: only while the lease
+        # goes unrenewed), at every tick while it does (``daemon.standby_shadow_s``)
+        self.shadow_s = shadow_s
+        self._shadow_due = 0.0
         self.preflight = preflight
         self.may_take = may_take
         self.on_moved = on_moved
@@ -119,8 +124,10 @@ class Shard:
             await asyncio.to_thread(self._read_lease)
             if not leader:
                 self._standing_by()
-                if self._takeover_near() and self.may_take():
+                if self.may_take() and (self._takeover_near() or (
+                        self.shadow_s > 0 and self.clock() >= self._shadow_due)):
                     # keep warm: the first tick as leader starts from memory
+                    self._shadow_due = self.clock() + self.shadow_s
                     await self.reconciler.shadow(until=self._lease_free)
                 return
             if self.lease.epoch != self._held_epoch:

@@ -269,6 +269,7 @@ metrics_port = {{ int .Values.config.daemon.metrics_port }}
 cluster_stats_interval_s = {{ toJson .Values.config.daemon.cluster_stats_interval_s }}
 lease_ttl_s = {{ toJson .Values.config.daemon.lease_ttl_s }}
 lease_margin_s = {{ toJson .Values.config.daemon.lease_margin_s }}
+standby_shadow_s = {{ toJson .Values.config.daemon.standby_shadow_s }}
 
 [reconcile]
 adopt_window_s = {{ int .Values.config.reconcile.adopt_window_s }}
