@@ -44,7 +44,7 @@ def entry_points() -> set[str]:
     run.py (a directory without one is a benchmark of its own name)."""
     found: set[str] = set()
     for path in BENCH.iterdir():
-        if path.name.startswith((".", "_")) or path.suffix == ".py" and path.is_file():
+        if path.name.startswith((".", "_")) or (path.suffix == ".py" and path.is_file()):
             continue
         if path.is_dir():
             run = path / "run.py"

@@ -176,6 +176,7 @@ class Replica:
         self.tick_epoch: int | None = None  # the epoch the tick in flight began under
         self.task: asyncio.Future[None] | None = None
         self.ticks = 0  # ticks begun
+        self.shadows = 0  # shadow ticks begun (as a standby)
         self.tick_began = 0  # when the last began, in the driver's order of events
         self.last: TickReport | None = None
         self.ending = ""  # how the last tick ended, when it did not return a report
@@ -206,22 +207,33 @@ class Replica:
 
     def start_tick(self) -> bool:
         """``Shard._tick_guarded`` up to the tick: renew or take the lease; stand down
-        when it is not ours; forget everything when the epoch moved; start the tick
-        (a task: it runs as the scheduler lets it)."""
+        when it is not ours and start a shadow tick; keep only what shadow ticks learned
+        when the epoch moved (``Reconciler.lead``); start the tick (a task: it runs as
+        the scheduler lets it)."""
         if self.ticking:
             return False
         if not self.lease.try_acquire():
             if self.held_epoch is not None:
                 self._stand_down()
+            # a standby's shadow tick (``Shard``: read-only; a task, as a tick)
+            self.shadows += 1
+            self.task = asyncio.ensure_future(self._shadow())
             return False
         if self.lease.epoch != self.held_epoch:
-            self.reconciler.forget()  # another leader may have acted meanwhile
+            self.reconciler.lead()  # another leader may have acted meanwhile
             self.held_epoch = self.lease.epoch
         self.tick_epoch = self.lease.epoch
         self.ticks += 1
         self.tick_began = self._order()
         self.task = asyncio.ensure_future(self._tick())
         return True
+
+    async def _shadow(self) -> None:
+        """``Reconciler.shadow`` until the lease may be taken (``Shard._lease_free``)."""
+        row = self.db.lease()
+        report = await self.reconciler.shadow(
+            until=lambda: row is None or row.expires_at <= self.clock.wall())
+        self.ending = "shadow" if report.slurm_ok else f"shadow: {report.errors[:1]}"
 
     async def _tick(self) -> None:
         report: TickReport | None = None
