@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter as CountOf
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from controller.metrics import Metrics
 from controller.model.job import TERMINAL_PHASES, JobState
@@ -45,12 +46,17 @@ def _shared_gauge(label: str | None, stale: bool) -> Gauge:
     return gauge
 
 
-def refresh(metrics: Metrics, gauges: Iterable[Gauge | None], *, store: Store,
-            here: str | None, clusters: Clusters | None, now: int,
-            phases: bool = True) -> None:
-    """Publish the gauges of a shard's jobs (``gauges``: each tracked job's share); the
-    phase counts too with ``phases`` (a scan of every status row: the tick asks for them
-    every ``reconcile.phase_counts_s``)."""
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What the gauges take from every tracked job's share (``summarize``)."""
+
+    states: dict[str, int]
+    stale: int
+    pending_since: int | None
+
+
+def summarize(gauges: Iterable[Gauge | None]) -> Summary:
+    """Count each tracked job's share of the gauges (``job_gauge``)."""
     states: CountOf[str] = CountOf()
     stale = 0
     pending_since: int | None = None
@@ -63,6 +69,17 @@ def refresh(metrics: Metrics, gauges: Iterable[Gauge | None], *, store: Store,
             stale += count
         if since is not None and (pending_since is None or since < pending_since):
             pending_since = since
+    return Summary(dict(states), stale, pending_since)
+
+
+def refresh(metrics: Metrics, summary: Summary, *, store: Store,
+            here: str | None, clusters: Clusters | None, now: int,
+            phases: bool = True) -> None:
+    """Publish the gauges of a shard's jobs (``summary``: of each tracked job's share;
+    the tick summarizes again only when its memory changed); the phase counts too with
+    ``phases`` (a scan of every status row: the tick asks for them when rows changed,
+    and every ``reconcile.phase_counts_s``)."""
+    states, stale, pending_since = summary.states, summary.stale, summary.pending_since
     metrics.set_object_counts(states)
     metrics.stale.set(stale)
     metrics.oldest_pending.set(max(0, now - pending_since) if pending_since is not None else 0)

@@ -115,6 +115,10 @@ class Memory:
         self.outcomes = outcomes
         self.memos: dict[str, Memo] = {}  # tracked job id -> what the last ticks learned
         self.loaded = False  # memos holds every tracked job as of the last tick
+        # moves whenever the memos' set, validity, placement or gauges may have changed:
+        # what is derived from all memos (the ids to read, the gauges) is computed again
+        # only then (a steady tick at 1M jobs does not walk them twice more)
+        self.generation = 0
         # the change feed's mark taken before the last read of versions (None: read them
         # all next time; ``track``)
         self.mark: int | None = None
@@ -134,6 +138,7 @@ class Memory:
         self.validated = {}
         self.loaded = False
         self.mark = None
+        self.generation += 1
         self._epoch_key = None
 
     def begin(self) -> None:
@@ -183,6 +188,8 @@ class Memory:
                 rows = repo.tracked_versions(tx, self.here, ids=changed) if changed else []
         self.mark = mark
         born = self.ticks
+        if full or rows:
+            self.generation += 1
         if full:
             report.full_load = True
             report.changed_rows = len(rows)
@@ -222,6 +229,7 @@ class Memory:
         for job_id in gone:
             self.memos.pop(job_id, None)
         self.outcomes.forget(gone)
+        self.generation += 1
 
     def plan_epoch(self, ctx: PlanContext) -> int:
         """A number that moves whenever a plan input shared by every job changes."""
@@ -316,6 +324,7 @@ class Memory:
                     for job in repo.load_tracked(tx, self.cluster, ids=missing,
                                                  cache=cache)}
         report.reloaded += len(rows)
+        self.generation += 1  # (validity and placement are learned here)
         kept: list[Todo] = []
         for item in todo:
             if item.row is None:
@@ -354,6 +363,8 @@ class Memory:
         write)."""
         replan_s = max(1, self.settings.replan_s)
         moments: dict[int, int] = {}  # one int per recheck second (jobs hold many alike)
+        if outcomes:
+            self.generation += 1  # (gauges)
         for item, p in outcomes:
             memo = item.memo
             memo.planned_at = ctx.now

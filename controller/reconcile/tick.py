@@ -167,6 +167,11 @@ class Reconciler:
         self._started_before_read: set[str] = set()
         # when the phase counts are read next (``reconcile.phase_counts_s``)
         self._phases_due = 0
+        # (memory generation, the ids the live read asks for, tracked jobs) of the last
+        # tick: the same list again while no memo changed (``_load``)
+        self._wanted: tuple[int, list[str], int] | None = None
+        # (memory generation, the gauges' summary of every memo) of the last tick
+        self._gauges: tuple[int, gauges.Summary] | None = None
 
     def forget(self) -> None:
         """Drop everything remembered across ticks: the next tick loads every job and
@@ -274,7 +279,11 @@ class Reconciler:
         phases = bool(report.changed_rows or report.planned) or now >= self._phases_due
         if phases:
             self._phases_due = now + self.settings.phase_counts_s
-        gauges.refresh(self.metrics, self.memory.gauges(), store=self.store, here=self.here,
+        summary = self._gauges
+        if summary is None or summary[0] != self.memory.generation:
+            summary = self._gauges = (self.memory.generation,
+                                      gauges.summarize(self.memory.gauges()))
+        gauges.refresh(self.metrics, summary[1], store=self.store, here=self.here,
                        clusters=self.clusters, now=now, phases=phases)
         report.timings["gauges"] = self.timer() - t0
 
@@ -310,10 +319,14 @@ class Reconciler:
         invalid); never a malformed id, nor a job another cluster's shard plans."""
         t0 = self.timer()
         memos = self.memory.track(report)
-        wanted = [job_id for job_id, memo in memos.items()
-                  if not memo.elsewhere and (
-                      memo.valid or (memo.valid is None and is_job_id(job_id)))]
-        report.tracked = len(memos) - sum(1 for memo in memos.values() if memo.elsewhere)
+        known = self._wanted
+        if known is None or known[0] != self.memory.generation:
+            wanted = [job_id for job_id, memo in memos.items()
+                      if not memo.elsewhere and (
+                          memo.valid or (memo.valid is None and is_job_id(job_id)))]
+            tracked = len(memos) - sum(1 for memo in memos.values() if memo.elsewhere)
+            self._wanted = known = (self.memory.generation, wanted, tracked)
+        _, wanted, report.tracked = known
         self.metrics.tracked.set(report.tracked)
         report.timings["load"] = self.timer() - t0
         return memos, wanted
@@ -602,6 +615,8 @@ class Reconciler:
         """Even when Slurm is unreachable, bad rows are marked rejected (no Slurm needed):
         the rows not validated yet are read, a chunk at a time."""
         unchecked = self.memory.unchecked()
+        if unchecked:
+            self.memory.generation += 1  # (their validity is learned here)
         chunk = max(1, self.settings.plan_chunk)
         for start in range(0, len(unchecked), chunk):
             with self._write() as tx:
