@@ -200,10 +200,10 @@ class DaemonConfig:
                                         "lease_margin_s of its lease")
     standby_shadow_s: float = setting(
         60.0, unit="s", minimum=0,
-        doc="a standby that may take a shard makes a read-only shadow tick of it (the "
-            "changed rows, one live read, no write) at least this often, and at every "
-            "tick while its lease goes unrenewed, so that a takeover starts from memory; "
-            "0: only while the lease goes unrenewed")
+        doc="a daemon that holds no shard makes a read-only shadow tick of each shard it "
+            "may take (the changed rows, one live read, no write) this often; any "
+            "daemon below its share does at every tick while a lease goes unrenewed: a "
+            "takeover starts from memory; 0: only then")
 
     def validate(self, path: KeyPath) -> None:
         ttl, margin = path("lease_ttl_s"), path("lease_margin_s")

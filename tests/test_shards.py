@@ -446,3 +446,79 @@ async def test_a_leader_whose_cluster_is_unreachable_is_not_ready(sqlite_store: 
     fake.fail_live = False
     await d.tick_once()
     assert shard.status(60)[0]
+
+
+# ---------------------------------------------------------------- shadow ticks (issue 19)
+
+
+def shadowing(daemon: Daemon) -> dict[str, list[TickReport]]:
+    """Note each shard's shadow ticks (their reports) as the shard makes them."""
+    seen: dict[str, list[TickReport]] = {s.name: [] for s in daemon.shards}
+    for shard in daemon.shards:
+        shadow = shard.reconciler.shadow
+
+        async def noted(name: str = shard.name, shadow: Any = shadow,
+                        **kwargs: Any) -> TickReport:
+            report: TickReport = await shadow(**kwargs)
+            seen[name].append(report)
+            return report
+
+        shard.reconciler.shadow = noted  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_replica_that_leads_shards_shadows_no_other(pg_store: Store) -> None:
+    """Shadow ticks every ``standby_shadow_s`` are a pure standby's: a replica that leads
+    shards spends nothing on the shards other live replicas lead (bench/shards: with
+    every replica shadowing every shard it did not hold, four replicas never spread
+    their ten shards)."""
+    config = three_clusters()
+    clock = [float(NOW)]
+    daemons = [replica(pg_store, config, clock) for _ in range(3)]
+    notes = [shadowing(d) for d in daemons]
+    await rounds(daemons, 6)
+    assert sorted(len(h) for h in held(daemons)) == [1, 1, 1], held(daemons)
+    for note in notes:
+        for reports in note.values():
+            reports.clear()
+    step = config.daemon.tick_interval_s  # every lease renewed each round, as live
+    for _ in range(int(2 * config.daemon.standby_shadow_s / step) + 1):
+        clock[0] += step
+        await rounds(daemons, 1)
+    assert [n for note in notes for n in note.values() if n] == []
+
+
+async def test_a_pure_standbys_shadow_stops_once_the_lease_is_given_up(
+        sqlite_store: Store) -> None:
+    """A shadow tick of a standby holding no shard runs a chunk at a time; once the leader
+    gives the lease up (shedding, or stopping), the shadow stops at the next chunk and
+    the next tick takes the lease: a shadow never holds the shard's loop from a take."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "reconcile": {"plan_chunk": 5}})
+    clock = [float(NOW)]
+    leader, standby = replica(sqlite_store, config, clock), replica(sqlite_store, config,
+                                                                     clock)
+    for _ in range(40):
+        add(sqlite_store)
+    await rounds([leader], 1)
+    assert held([leader, standby]) == [["lab"], []]
+    notes = shadowing(standby)
+    shard = standby.shards[0]
+    memory = shard.reconciler.memory
+    with_rows = memory.with_rows
+    chunks = [0]
+
+    def chunk(todo: Any, report: Any) -> Any:
+        chunks[0] += 1
+        if chunks[0] == 2:  # the leader gives the shard up while the shadow runs
+            leader.shards[0].give_up("test")
+            clock[0] += 2  # (the shadow reads the lease row at most once a second)
+        return with_rows(todo, report)
+
+    memory.with_rows = chunk  # type: ignore[method-assign]
+    await rounds([standby], 1)
+    (report,) = notes["lab"]
+    assert report.reloaded == 10 and report.deferred == 30, report  # two chunks of 5
+    assert held([leader, standby]) == [[], []]
+    await rounds([standby], 1)
+    assert held([leader, standby]) == [[], ["lab"]]

@@ -102,6 +102,7 @@ class Daemon:
         self._take_lock = threading.Lock()  # one take at a time (``_take_now``)
         for shard in self.shards:
             shard.may_take = self._may_take
+            shard.idle = self._idle
             shard.take = self._take
             shard.on_moved = self._wake_clusters
         self.stop_event = asyncio.Event()
@@ -142,6 +143,12 @@ class Daemon:
         """Whether this daemon may take one more shard: it holds fewer than its fair
         share (the keeper thread keeps the count of live replicas fresh)."""
         return len(self.held()) < self.share
+
+    def _idle(self) -> bool:
+        """This daemon holds no shard: a pure standby, whose shards' shadow ticks may run
+        every ``daemon.standby_shadow_s`` (a daemon that leads some shards shadows the
+        others only when their leases go unrenewed: its cycles are its own shards')."""
+        return not self.held()
 
     def _take_now(self, shard: Shard) -> bool:
         """Renew ``shard``'s lease if held; else take it if this daemon is below its fair

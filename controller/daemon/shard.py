@@ -7,9 +7,10 @@
   fenced on its epoch, and its Slurm writes stop at the lease deadline minus a margin:
   a leader that stalled (SIGSTOP, a stuck loop) past its lease wakes up as a standby and
   writes nothing.
-- Standing by: shadow ticks, read-only (``controller.reconcile.standby``), every
-  ``daemon.standby_shadow_s`` and at every tick while the lease goes unrenewed (a
-  takeover may come), so that the first tick as leader starts from memory.
+- Standing by: shadow ticks, read-only (``controller.reconcile.standby``), at every tick
+  while the lease goes unrenewed (a takeover may come) and, in a daemon that holds no
+  shard, every ``daemon.standby_shadow_s``, so that the first tick as leader starts from
+  memory; a shadow stops as soon as the lease may be taken.
 - On gaining the lease: forget what only a leader's ticks may trust (``Reconciler.lead``;
   the first tick reads what changed since the shadow ticks' last mark, or every job
   without them) and run preflight, logging what the cluster supports.
@@ -76,6 +77,8 @@ class Shard:
         self._shadow_due = 0.0
         self.preflight = preflight
         self.may_take = may_take
+        # the daemon holds no shard (``Daemon._idle``): periodic shadow ticks allowed
+        self.idle: Callable[[], bool] = lambda: not self.lease.held
         self.on_moved = on_moved
         # renew the lease if held, else take it if the daemon may (``Daemon._take``
         # counts and serialises the takes of its shards)
@@ -124,11 +127,13 @@ class Shard:
             await asyncio.to_thread(self._read_lease)
             if not leader:
                 self._standing_by()
-                if self.may_take() and (self._takeover_near() or (
-                        self.shadow_s > 0 and self.clock() >= self._shadow_due)):
+                near = self._takeover_near()
+                if self.may_take() and (near or (
+                        self.shadow_s > 0 and self.idle()
+                        and self.clock() >= self._shadow_due)):
                     # keep warm: the first tick as leader starts from memory
                     self._shadow_due = self.clock() + self.shadow_s
-                    await self.reconciler.shadow(until=self._lease_free)
+                    await self.reconciler.shadow(until=self._shadow_over(near))
                 return
             if self.lease.epoch != self._held_epoch:
                 # another leader may have acted meanwhile: what only a leader's own
@@ -209,10 +214,25 @@ class Shard:
         window = max(self.lease.ttl_s / 2, self.tick_interval_s + 1)
         return seen is not None and seen.expires_at - self.clock() <= window
 
-    def _lease_free(self) -> bool:
-        """The lease we stand by has expired (as last read): it may be taken now."""
-        seen = self.seen
-        return seen is None or seen.expires_at <= self.clock()
+    def _shadow_over(self, near: bool) -> Callable[[], bool]:
+        """When a shadow tick must stop (checked between its chunks): the lease it stands
+        by may be taken now -- expired, or released by a leader shedding it (the lease
+        row is read again, at most once a second) -- or, for a periodic shadow, this
+        daemon took a shard meanwhile (its cycles are its own shards' now). A shadow
+        never holds the shard's loop when a take is due."""
+        checked = [self.clock()]
+
+        def over() -> bool:
+            if not near and not self.idle():
+                return True
+            now = self.clock()
+            if now - checked[0] >= 1.0:
+                checked[0] = now
+                self._read_lease()
+            seen = self.seen
+            return seen is None or seen.expires_at <= now
+
+        return over
 
     def _stand_down(self) -> None:
         self._held_epoch = None
