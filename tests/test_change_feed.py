@@ -120,3 +120,28 @@ def test_the_feed_reads_an_index(any_store: Store, table: str) -> None:
             names = set(conn.execute(text(
                 "SELECT indexname FROM pg_indexes WHERE tablename = :t"), {"t": table}).scalars())
             assert f"ix_{table}_changed" in names
+
+
+def test_a_mark_that_goes_back_reads_every_job_again(sqlite_store: Store) -> None:
+    """A database whose stamps went back (restored from a backup under a running daemon)
+    cannot be read through the feed: the next tick reads every tracked job's versions."""
+    from controller.reconcile.memory import Memory
+    from controller.reconcile.outcomes import OutcomeBook
+    from controller.reconcile.report import TickReport
+    from controller.reconcile.settings import ReconcileConfig
+
+    with sqlite_store.engine.begin() as conn:
+        insert(conn, A)
+    memory = Memory(sqlite_store, cluster="lab", here=None, clusters=None,
+                    settings=ReconcileConfig(), outcomes=OutcomeBook())
+    first = TickReport()
+    memory.track(first)
+    assert first.full_load and memory.mark is not None
+    steady = TickReport()
+    memory.track(steady)
+    assert not steady.full_load and steady.changed_rows == 0
+    with sqlite_store.engine.begin() as conn:  # the counter of an older copy
+        conn.execute(text("UPDATE change_seq SET n = 0"))
+    back = TickReport()
+    memory.track(back)
+    assert back.full_load and back.changed_rows == 1

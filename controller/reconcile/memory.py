@@ -167,7 +167,10 @@ class Memory:
         versions; later ticks read the change feed (migration 0007): the ids written or
         deleted since the mark taken before the last read, and the versions of those
         alone -- a steady tick's database work is the rows that changed, not the jobs
-        tracked. ``report.changed_rows`` counts them."""
+        tracked. ``report.changed_rows`` counts them. A mark lower than the last one (a
+        database restored under the daemon) reads every job again; whatever the feed
+        might miss is still read within ``replan_s``..2x (every job is planned, its row
+        read, that often)."""
         with self.store.transaction() as tx:
             if self._versions_kept is None or not self.loaded:
                 self._versions_kept = repo.row_versions_maintained(tx)
@@ -179,6 +182,12 @@ class Memory:
                             "missing: every job is read and planned every tick")
             full = not self.loaded or not self._versions_kept or self.mark is None
             mark = repo.change_mark(tx) if self._versions_kept else None
+            if not full and mark is not None and self.mark is not None and mark < self.mark:
+                # the stamps went back (a database restored, or another server): nothing
+                # read since can be trusted to be complete
+                log.warning("the change feed's mark went back: every job is read again",
+                            extra={"mark": mark, "last": self.mark})
+                full = True
             if full:
                 rows = repo.tracked_versions(tx, self.here)
                 changed: set[str] | None = None
