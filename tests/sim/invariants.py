@@ -165,10 +165,11 @@ class Invariants:
         if self.history.inserts(dep, job_id, last.ended_seq):
             return  # the row was written again after that run: a new desire
         rewrites = self.history.inserts(dep, job_id, last.job.created, last.ended_seq)
-        if rewrites and not self._seen_by_submitter(execution.job, last.job, rewrites[0]):
+        if rewrites and not self._seen_by_submitter(execution.job, last.job, rewrites[-1]):
             # written again while its job lived, and no tick that could have planned the
-            # new row (one begun after it was written) saw that job live before it
-            # submitted again: no read could have let it adopt that job
+            # new row (one begun after its last writing: a tick between two rewrites
+            # plans the row of the one between, which a later delete ended) saw that job
+            # live before it submitted again: no read could have let it adopt that job
             return
         self._violate("a", f"{execution.name} ({execution.deployment}'s) runs again: Slurm job "
                            f"{execution.slurm_id} (submission {execution.submission}) starts "
