@@ -74,6 +74,7 @@ CLUSTER_FREE = frozenset({
     "test_tick_first_write", "test_tick_incremental", "test_tick_lost", "test_tick_memory",
     "test_tick_fresh", "test_tick_sweep", "test_tick_owned", "test_scripts", "test_sim",
     "test_adapter_owner", "test_change_feed", "test_warm_takeover", "test_bench_smoke",
+    "test_ge_parse", "test_ge_script",
 })
 _PG_FIXTURES = frozenset({"pg_url", "pg_store", "any_store"})
 # Modules that use every cluster at once (the host's and both chroot clusters, and

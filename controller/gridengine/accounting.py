@@ -119,7 +119,7 @@ class AccountingIndex:
         complete = data[skip:end + 1] if end >= skip else b""
         self.offset = start + (end + 1 if end >= skip else skip)
         self.add_lines(complete.decode("utf-8", errors="replace").splitlines())
-        return self.offset < size and len(data) > 0 and end >= 0
+        return start + len(data) < size and end >= 0  # the read stopped short of the end
 
     def add_lines(self, lines: Iterable[str]) -> None:
         prefix = naming.NAME_PREFIX

@@ -19,7 +19,7 @@ letters                       state       cause
 ``d``                         the rest's  detail "deleting"
 ``r``, ``t``                  running     none; ``R``: requeued (rescheduled)
 ``s``, ``S``, ``T``           suspended   none
-``qw``                        pending     none; ``R``: requeued
+``q`` (``qw``, ``Rq``)          pending     none; ``R``: requeued
 anything else                 ended       unknown (live: the planner never ends a job
                                           on it)
 ============================  ==========  ==========================================
@@ -95,7 +95,7 @@ _LIVE: Final[tuple[_Rule, ...]] = (
                                                    "or system hold")),
     (lambda s, h, i: "r" in s or "t" in s, State.RUNNING, Cause()),
     (lambda s, h, i: any(c in s for c in "sST"), State.SUSPENDED, Cause()),
-    (lambda s, h, i: "qw" in s, State.PENDING, Cause()),
+    (lambda s, h, i: "q" in s, State.PENDING, Cause()),
 )
 
 # (failed codes, cause kind) -- ``failed`` 0 is decided by exit_status

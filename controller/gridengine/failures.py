@@ -32,11 +32,12 @@ _TABLE: Final[tuple[tuple[re.Pattern[str], type[DispatchError]], ...]] = tuple(
          r"cell directory .* doesn't exist", TransientError),
         (r"only [0-9]+ jobs are allowed per user|max_u_jobs|max_jobs|"
          r"exceeds .*limit", ErrBackPressure),
+        (r"unable to run job|not a valid object name|not allowed in objectname|"
+         r"must not contain|unknown queue|parallel environment|lower than minimum "
+         r"(?:user|group) id|no script in your request|invalid option|unknown resource",
+         ErrInvalid),
         (r"does not exist|following jobs do not exist", ErrNotFound),
         (r"must be (?:operator|manager)|denied", ErrConflict),
-        (r"unknown queue|parallel environment|lower than minimum (?:user|group) id|"
-         r"not allowed in objectname|no script in your request|job rejected|"
-         r"invalid option|unknown resource|error reading answer list", ErrInvalid),
     ))
 
 
