@@ -12,14 +12,18 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final, Literal, Protocol
 
-from controller.config import ClusterEntry, Config, TransportKind
+from controller.config import ClusterEntry, Config, SchedulerKind, TransportKind
 from controller.daemon.service import build_shard, shard_lease
 from controller.daemon.shard import Shard
+from controller.gridengine.adapter import GridEngineAdapter
 from controller.metrics import Metrics
+from controller.model.obs import ObjectRef
+from controller.reconcile.ports import SchedulerPort
 from controller.runner.base import RateLimiter, Runner
 from controller.runner.local import LocalRunner
 from controller.runner.ssh import SSHRunner
@@ -78,13 +82,48 @@ def build_runner(cluster: ClusterEntry, *,
                        observer=observer, limiter=limiter)
 
 
-def build_adapter(cluster: ClusterEntry, runner: Runner, *,
-                  clock: Callable[[], float] = time.time,
-                  write_guard: Callable[[], None] | None = None) -> SlurmAdapter:
+class Adapter(SchedulerPort, Protocol):
+    """What wiring and the CLI use of any adapter besides the port: Preflight (what the
+    cluster supports; the problems the daemon cannot run with) and Output."""
+
+    async def check_preflight(self) -> list[str]: ...
+
+    async def preflight_report(self) -> tuple[dict[str, Any], list[str]]: ...
+
+    def output(self, ref: ObjectRef, stream: Literal["stdout", "stderr"], *,
+               follow: bool = False, submission: int) -> AsyncIterator[bytes]: ...
+
+
+def _slurm(cluster: ClusterEntry, runner: Runner, clock: Callable[[], float],
+           write_guard: Callable[[], None] | None) -> Adapter:
     return SlurmAdapter(runner, cluster=cluster.name, settings=cluster.start_settings(),
                         user=slurm_user(cluster), clock=clock,
                         command_timeout=cluster.transport.command_timeout_s,
                         write_guard=write_guard)
+
+
+def _gridengine(cluster: ClusterEntry, runner: Runner, clock: Callable[[], float],
+                write_guard: Callable[[], None] | None) -> Adapter:
+    return GridEngineAdapter(runner, cluster=cluster.name, settings=cluster.start_settings(),
+                             user=slurm_user(cluster), ge=cluster.gridengine.settings(),
+                             accounting_file=cluster.gridengine.accounting_file,
+                             clock=clock, command_timeout=cluster.transport.command_timeout_s,
+                             write_guard=write_guard)
+
+
+# One adapter per scheduler kind: a cluster entry's ``kind`` chooses its row.
+ADAPTERS: Final[Mapping[SchedulerKind, Callable[
+    [ClusterEntry, Runner, Callable[[], float], Callable[[], None] | None], Adapter]]] = {
+    SchedulerKind.SLURM: _slurm,
+    SchedulerKind.GRIDENGINE: _gridengine,
+}
+
+
+def build_adapter(cluster: ClusterEntry, runner: Runner, *,
+                  clock: Callable[[], float] = time.time,
+                  write_guard: Callable[[], None] | None = None) -> Adapter:
+    """The adapter of the cluster's scheduler kind (``ADAPTERS``)."""
+    return ADAPTERS[cluster.kind](cluster, runner, clock, write_guard)
 
 
 def build_store(config: Config) -> Store:

@@ -32,6 +32,7 @@ from controller.model.obs import ObjectRef
 from controller.slurm import naming
 
 FIELDS: Final = 45
+DEFAULT_ACCOUNTING_FILE: Final = "/var/lib/gridengine/default/common/accounting"  # Debian
 READ_LIMIT: Final = 8 * 1024 * 1024  # bytes of one read
 FIRST_READ_BYTES: Final = 256 * 1024 * 1024  # how far back the first read of a process looks
 

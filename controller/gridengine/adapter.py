@@ -55,7 +55,7 @@ import shlex
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import asdict
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from controller.coalesce import Coalescer
 from controller.errors import (
@@ -79,7 +79,6 @@ from controller.slurm.script import parse_manifest as _parse_manifest
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ACCOUNTING_FILE: Final = "/var/lib/gridengine/default/common/accounting"
 JOINED_LIMIT: Final = 256  # job numbers in one joined qstat -j / qrls / qdel
 _SPLIT: Final = "<!-- DISPATCH-SPLIT -->"
 _ACCOUNTING_READS_PER_CALL: Final = 16  # at most 16 * 8 MiB of accounting per inspect
@@ -94,7 +93,7 @@ class GridEngineAdapter:
 
     def __init__(self, runner: Runner, *, cluster: str, settings: StartSettings,
                  user: str, ge: script.GridEngineSettings | None = None,
-                 accounting_file: str = DEFAULT_ACCOUNTING_FILE,
+                 accounting_file: str = accounting.DEFAULT_ACCOUNTING_FILE,
                  clock: Callable[[], float] = time.time,
                  capabilities: Capabilities | None = None,
                  command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
@@ -589,3 +588,8 @@ class GridEngineAdapter:
         caps = await self.preflight()
         log.info("preflight: what the cluster supports", extra={"capabilities": asdict(caps)})
         return capabilities.preflight_problems(caps)
+
+    async def preflight_report(self) -> tuple[dict[str, Any], list[str]]:
+        """Preflight as ``dispatchctl preflight`` shows it."""
+        caps = await self.preflight()
+        return asdict(caps), capabilities.preflight_problems(caps)
