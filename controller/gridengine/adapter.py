@@ -82,6 +82,9 @@ log = logging.getLogger(__name__)
 JOINED_LIMIT: Final = 256  # job numbers in one joined qstat -j / qrls / qdel
 _SPLIT: Final = "<!-- DISPATCH-SPLIT -->"
 _ACCOUNTING_READS_PER_CALL: Final = 16  # at most 16 * 8 MiB of accounting per inspect
+# How long the hold kinds read for a held job whose listing did not change are trusted:
+# an operator's hold added on top of ours leaves the list's ``hqw`` as it was.
+HOLD_RECHECK_S: Final = 30
 Stream = Literal["stdout", "stderr"]
 
 # find_many's memory: (number, name, state letters, listed time) -> the job's details
@@ -121,6 +124,7 @@ class GridEngineAdapter:
         self._write_guard = write_guard
         self._first_read_bytes = first_read_bytes
         self._details: dict[_Key, qstat.JobDetail] = {}
+        self._holds: dict[_Key, tuple[classify.Holds, int]] = {}  # (kinds, read at)
         self._unheard_hosts: frozenset[str] = frozenset()
         self._index = accounting.AccountingIndex(user)
         self._index_lock = asyncio.Lock()
@@ -243,17 +247,25 @@ class GridEngineAdapter:
                 jobs[job.number] = job  # (an array job's tasks: one entry each)
         keys = {n: (n, j.name, j.state, j.time) for n, j in jobs.items()}
         missing = sorted(n for n, key in keys.items() if key not in self._details)
-        held = any("h" in j.state for j in jobs.values())
+        held = any("h" in j.state and (
+            keys[n] not in self._holds or now - self._holds[keys[n]][1] >= HOLD_RECHECK_S)
+            for n, j in jobs.items())
         details, lists = await self._read_extra(missing, held)
         remembered: dict[_Key, qstat.JobDetail] = {}
+        holds_seen: dict[_Key, tuple[classify.Holds, int]] = {}
         for number, key in keys.items():
             detail = self._details.get(key) or details.get(number)
             if detail is None or detail.name != key[1] or detail.owner != self.user:
                 continue  # gone between the two reads: next tick
             remembered[key] = detail
-            holds = classify.Holds(user=number in lists.get("hu", ()),
-                                   operator=number in lists.get("ho", ()),
-                                   system=number in lists.get("hs", ()))
+            if held:
+                holds = classify.Holds(user=number in lists.get("hu", ()),
+                                       operator=number in lists.get("ho", ()),
+                                       system=number in lists.get("hs", ()))
+                holds_seen[key] = (holds, now)
+            else:
+                holds, since = self._holds.get(key, (classify.Holds(), now))
+                holds_seen[key] = (holds, since)
             obs = classify.observe_live(jobs[number], detail, cluster=self.cluster,
                                         holds=holds, now=now)
             job_id = key[1][len(slurm_naming.NAME_PREFIX):]
@@ -262,6 +274,7 @@ class GridEngineAdapter:
             elif strays is not None:
                 strays.setdefault(job_id, []).append(obs)
         self._details = remembered
+        self._holds = holds_seen
         return found
 
     async def _read_details(self, numbers: Sequence[int]
@@ -371,12 +384,17 @@ class GridEngineAdapter:
                 answers.update({(operation, n): result for n in numbers})
         return answers
 
+    def _forget_holds(self, number: int) -> None:
+        """Our own write changes the job's holds: the next read reads them again."""
+        self._holds = {key: value for key, value in self._holds.items() if key[0] != number}
+
     async def release(self, ref: ObjectRef) -> None:
         """Lift our user hold (the gate, or a dispatch hold): ``qrls``. Idempotent;
         ErrNotFound when the identity check fails."""
         detail = await self._identified(ref, "release")
         if detail.start is not None:
             return  # running: nothing to release
+        self._forget_holds(ref.id)
         result = await self._joined.call(("release", ref.id))
         if not result.ok:
             raise ge_failure(result, operation="qrls")
@@ -391,6 +409,7 @@ class GridEngineAdapter:
         if detail.start is not None:
             raise ErrConflict(f"hold: job {ref.id} has started; only a pending job can "
                               "be held")
+        self._forget_holds(ref.id)
         self._guard()
         await self._checked(["qalter", "-ac", f"{naming.HOLD_CONTEXT}={instance}",
                              str(ref.id)], "qalter -ac")
