@@ -54,7 +54,7 @@ import posixpath
 import shlex
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Final, Literal
 
 from controller.coalesce import Coalescer
@@ -65,11 +65,19 @@ from controller.errors import (
     ProtocolError,
     TransientError,
 )
-from controller.gridengine import accounting, capabilities, classify, naming, qstat, script
+from controller.gridengine import (
+    accounting,
+    capabilities,
+    classify,
+    naming,
+    qstat,
+    script,
+    verify,
+)
 from controller.gridengine.capabilities import Capabilities
 from controller.gridengine.failures import ge_failure
 from controller.model import identity
-from controller.model.obs import ObjectObs, ObjectRef, StartRequest, State
+from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, StartRequest, State
 from controller.reconcile.ports import ClusterStats
 from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, CommandResult, Runner
 from controller.slurm import naming as slurm_naming
@@ -126,6 +134,7 @@ class GridEngineAdapter:
         self._details: dict[_Key, qstat.JobDetail] = {}
         self._holds: dict[_Key, tuple[classify.Holds, int]] = {}  # (kinds, read at)
         self._unheard_hosts: frozenset[str] = frozenset()
+        self._on_unheard: frozenset[int] = frozenset()  # jobs listed on such a host
         self._index = accounting.AccountingIndex(user)
         self._index_lock = asyncio.Lock()
         self._cancelled: set[tuple[int, int]] = set()  # (number, submit) we qdel'd
@@ -241,6 +250,8 @@ class GridEngineAdapter:
         listed = await self._read_list()
         now = self._now()
         self._unheard_hosts = frozenset(q.host for q in listed.queues if "u" in q.state)
+        self._on_unheard = frozenset(j.number for j in listed.jobs
+                                     if j.host and j.host in self._unheard_hosts)
         jobs: dict[int, qstat.ListedJob] = {}
         for job in listed.jobs:
             if self._ours(job, names) and job.number not in jobs:
@@ -275,7 +286,59 @@ class GridEngineAdapter:
                 strays.setdefault(job_id, []).append(obs)
         self._details = remembered
         self._holds = holds_seen
+        await self._verify_running(found, strays, jobs, now)
         return found
+
+    async def _verify_running(self, found: dict[str, Sequence[ObjectObs]],
+                              strays: dict[str, list[ObjectObs]] | None,
+                              jobs: dict[int, qstat.ListedJob], now: int) -> None:
+        """Seed 003 (``verify``): a job listed running on a host whose execd is unheard,
+        or past its ``h_rt`` plus ``VERIFY_GRACE_S``, is looked for on its host; one
+        with no process there is reported running with cause node-lost (the planner
+        deletes it and resubmits away from the host), or, once its deletion is
+        registered (``d``), ended."""
+        suspects: dict[str, list[ObjectObs]] = {}
+        for group in (*found.values(), *(strays or {}).values()):
+            for obs in group:
+                if obs.state is not State.RUNNING or not obs.nodes:
+                    continue
+                past = (obs.start is not None and obs.time_limit_s is not None
+                        and now > obs.start + obs.time_limit_s + verify.VERIFY_GRACE_S)
+                if obs.nodes[0] in self._unheard_hosts or past:
+                    suspects.setdefault(obs.nodes[0], []).append(obs)
+        if not suspects:
+            return
+        dead: set[int] = set()
+        for host, group in suspects.items():
+            try:
+                text = verify.probe_script(host)
+            except ValueError:
+                continue
+            result = await self._runner.run_script(text, timeout=self._timeout)
+            gone = verify.dead_numbers(result.stdout, [o.ref.id for o in group])
+            if gone:
+                log.warning("listed running, but no process on its host",
+                            extra={"host": host, "ge_ids": sorted(gone),
+                                   "unheard": host in self._unheard_hosts})
+            dead |= gone
+        if not dead:
+            return
+
+        def checked(obs: ObjectObs) -> ObjectObs:
+            if obs.ref.id not in dead:
+                return obs
+            letters = jobs[obs.ref.id].state if obs.ref.id in jobs else ""
+            detail = (f"listed '{letters}' on {obs.nodes[0]}"
+                      + (" (its execd unheard)" if obs.nodes[0] in self._unheard_hosts
+                         else " past its run-time limit")
+                      + ", and no process of it there")
+            return replace(obs, state=State.ENDED if "d" in letters else State.RUNNING,
+                           cause=Cause(CauseKind.NODE_LOST, classify.SCHEDULER, detail))
+
+        for job_id, group in found.items():
+            found[job_id] = tuple(checked(o) for o in group)
+        for stray_list in (strays or {}).values():
+            stray_list[:] = [checked(o) for o in stray_list]
 
     async def _read_details(self, numbers: Sequence[int]
                             ) -> dict[int, qstat.JobDetail | None]:
@@ -432,13 +495,17 @@ class GridEngineAdapter:
             log.info("stop: nothing to delete", extra={"ge_id": ref.id, "uid": ref.uid})
             return
         forced = (self.capabilities is not None and self.capabilities.forced_qdel_unknown
-                  and bool(self._unheard_hosts))
+                  and ref.id in self._on_unheard)
         self._cancelled.add((ref.id, ref.submit))
         result = await self._joined.call(("stop-forced" if forced else "stop", ref.id))
         if not result.ok:
             error = ge_failure(result, operation="qdel")
             if not isinstance(error, ErrNotFound):
                 raise error
+        if ref.id in self._on_unheard and not forced:
+            # its execd cannot be reached: qmaster only marks the deletion ('dr') until
+            # execd returns; nothing more can be confirmed (verify: it is dead)
+            return
         waited, delay = 0.0, 0.2
         while True:
             try:
