@@ -45,6 +45,7 @@ from typing import Any, Final
 from controller.errors import ErrInvalid
 from controller.gridengine.accounting import DEFAULT_ACCOUNTING_FILE
 from controller.gridengine.script import GridEngineSettings
+from controller.gridengine.verify import UNHEARD_GRACE_S
 from controller.model.setting import MASK, Setting, redact_url, setting, setting_of
 from controller.model.spec import CLUSTER_NAME_RE, Placement, check_env_name
 from controller.reconcile.settings import ReconcileConfig
@@ -247,6 +248,10 @@ class GridEngineConfig:
                       check=_pattern(_GE_WORD, "a parallel environment name"))
     project: str = setting("", doc="gridengine: qsub -P", check=_pattern(_GE_WORD,
                                                                         "a project name"))
+    unheard_grace_s: float = setting(UNHEARD_GRACE_S, unit="s", minimum=0,
+                                     doc="gridengine: a host whose execd is unheard ('u') "
+                                         "this long has its running jobs' processes "
+                                         "looked for; none: node-lost")
     accounting_file: str = setting(DEFAULT_ACCOUNTING_FILE,
                                    doc="gridengine: the accounting file on the submit host "
                                        "(followed by offset)")

@@ -107,6 +107,7 @@ def _gridengine(cluster: ClusterEntry, runner: Runner, clock: Callable[[], float
     return GridEngineAdapter(runner, cluster=cluster.name, settings=cluster.start_settings(),
                              user=slurm_user(cluster), ge=cluster.gridengine.settings(),
                              accounting_file=cluster.gridengine.accounting_file,
+                             unheard_grace_s=cluster.gridengine.unheard_grace_s,
                              clock=clock, command_timeout=cluster.transport.command_timeout_s,
                              write_guard=write_guard)
 

@@ -151,3 +151,51 @@ async def only(a: GridEngineAdapter, job_id: str) -> ObjectObs | None:
     found = (await a.find_many([job_id]))[job_id]
     assert len(found) <= 1, found
     return found[0] if found else None
+
+
+# ---------------------------------------------------------------- daemons and faults
+
+EXECD_SPOOL = Path("/var/spool/gridengine/execd")
+QMASTER_SPOOL = Path("/var/spool/gridengine/qmaster")
+
+
+def daemon_pid(name: str) -> int | None:
+    """The pid of the running ``sge_qmaster`` or ``sge_execd`` (from its pid file)."""
+    files = ([QMASTER_SPOOL / "qmaster.pid"] if name == "sge_qmaster"
+             else list(EXECD_SPOOL.glob("*/execd.pid")))
+    for path in files:
+        try:
+            pid = int(path.read_text().split()[0])
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return pid
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def job_pids(number: int) -> list[int]:
+    """The shepherd of job ``number`` and every process that inherited its
+    DISPATCH_ATTEMPT (the job's processes), by pid."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline.startswith(f"sge_shepherd-{number} ".encode()) or any(
+                e.startswith(b"DISPATCH_ATTEMPT=s") and e.split(b"-")[1] == str(number).encode()
+                for e in environ):
+            pids.append(int(proc.name))
+    return pids
+
+
+def queue_state(host: str) -> str:
+    out = as_root("qstat", "-f", "-xml").stdout
+    from controller.gridengine.qstat import parse_list
+    for queue in parse_list(out).queues:
+        if queue.host == host:
+            return queue.state
+    return ""

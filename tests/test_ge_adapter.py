@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrNotFound
+from controller.errors import ErrInvalid, ErrNotFound
 from controller.model.obs import CauseKind, ObjectObs, ObjectRef, Provenance, Source, State
 from tests.ge_fixtures import (
     OTHER,
@@ -111,9 +111,8 @@ def test_timeout_from_h_rt(ge: GridEngine) -> None:
 def test_dispatch_hold_gate_and_operator_hold_are_told_apart(ge: GridEngine) -> None:
     async def main() -> None:
         a = adapter(ge, output_dir())
-        # a job that cannot start yet (-a in the future would be GE's deferral: use the
-        # gate, release it into a never-satisfiable exclusion instead)
-        req = request(["true"], exclude=(ge.host,))
+        # a job that cannot start (its placement excludes the only host)
+        req = request(["true"], extensions={"slurm": {"Placement": {"exclude": ge.host}}})
         ref = await a.start(req)
         await a.release(ref)
         pending = await wait_obs(lambda: only(a, req.job_id),
@@ -207,6 +206,19 @@ def test_another_users_job_named_like_ours_is_never_touched(ge: GridEngine) -> N
             await a.hold(ref, 1)
         assert number in live_numbers(OTHER)
         assert "hqw" in as_root("qstat", "-u", OTHER).stdout
+
+    asyncio.run(main())
+
+
+def test_an_exclusion_that_leaves_no_host_is_refused(ge: GridEngine) -> None:
+    """A resubmission's exclusion is a preference: qsub -w e refuses a job no host could
+    run (ErrInvalid: nothing created), and the caller submits again without it."""
+    async def main() -> None:
+        a = adapter(ge, output_dir())
+        with pytest.raises(ErrInvalid, match="no suitable queues"):
+            await a.start(request(["true"], exclude=(ge.host,)))
+        ref = await a.start(request(["true"], exclude=("no-such-host",)))
+        assert "hostname=!no-such-host" in as_root("qstat", "-j", str(ref.id)).stdout
 
     asyncio.run(main())
 

@@ -59,6 +59,8 @@ adopt_window_s = 20
 {reconcile}
 [slurm]
 rate_per_s = 200
+[gridengine]
+unheard_grace_s = 10
 """)
     return path
 

@@ -68,7 +68,7 @@ def test_qsub_options_in_order() -> None:
         "-terse", "-N", f"dj-{JOB}", "-A", "'dispatch;s=2;a=1'", "-h", "-S", "/bin/sh",
         "-wd", "/home/dispatch/w", "-j", "y", "-o", '"$D/s2-\\$JOB_ID.ge"', "-r", "y",
         "-l", "h_rt=90", "-l", "h_vmem=1000M", "-pe", "smp", "4", "-q", "all.q",
-        "-P", "lab", "-l", "'h=!node7'"]
+        "-P", "lab", "-l", "'h=!node7'", "-w", "e"]
 
 
 def test_host_expression() -> None:

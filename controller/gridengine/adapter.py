@@ -111,7 +111,8 @@ class GridEngineAdapter:
                  sleep: Callable[[float], object] = asyncio.sleep,
                  poll_interval: float = 2.0, stop_confirm_s: float = 15.0,
                  write_guard: Callable[[], None] | None = None,
-                 first_read_bytes: int = accounting.FIRST_READ_BYTES) -> None:
+                 first_read_bytes: int = accounting.FIRST_READ_BYTES,
+                 unheard_grace_s: float = verify.UNHEARD_GRACE_S) -> None:
         if not cluster:
             raise ErrInvalid("must not be empty", field="cluster")
         if not user:
@@ -131,6 +132,8 @@ class GridEngineAdapter:
         self._stop_confirm_s = stop_confirm_s
         self._write_guard = write_guard
         self._first_read_bytes = first_read_bytes
+        self._unheard_grace_s = unheard_grace_s
+        self._unheard_since: dict[str, int] = {}  # host -> first read that found it 'u'
         self._details: dict[_Key, qstat.JobDetail] = {}
         self._holds: dict[_Key, tuple[classify.Holds, int]] = {}  # (kinds, read at)
         self._unheard_hosts: frozenset[str] = frozenset()
@@ -250,6 +253,8 @@ class GridEngineAdapter:
         listed = await self._read_list()
         now = self._now()
         self._unheard_hosts = frozenset(q.host for q in listed.queues if "u" in q.state)
+        self._unheard_since = {host: self._unheard_since.get(host, now)
+                               for host in self._unheard_hosts}
         self._on_unheard = frozenset(j.number for j in listed.jobs
                                      if j.host and j.host in self._unheard_hosts)
         jobs: dict[int, qstat.ListedJob] = {}
@@ -292,11 +297,14 @@ class GridEngineAdapter:
     async def _verify_running(self, found: dict[str, Sequence[ObjectObs]],
                               strays: dict[str, list[ObjectObs]] | None,
                               jobs: dict[int, qstat.ListedJob], now: int) -> None:
-        """Seed 003 (``verify``): a job listed running on a host whose execd is unheard,
-        or past its ``h_rt`` plus ``VERIFY_GRACE_S``, is looked for on its host; one
-        with no process there is reported running with cause node-lost (the planner
-        deletes it and resubmits away from the host), or, once its deletion is
-        registered (``d``), ended."""
+        """Seed 003 (``verify``): a job listed running on a host whose execd has been
+        unheard for ``unheard_grace_s``, or past its ``h_rt`` plus ``VERIFY_GRACE_S``, is
+        looked for on its host. One with no process there and no accounting record is
+        reported running with cause node-lost (the planner deletes it and resubmits
+        away from the host), or, once its deletion is registered (``d``), ended; one
+        with a record, as its record says."""
+        long_unheard = {host for host, since in self._unheard_since.items()
+                        if now - since >= self._unheard_grace_s}
         suspects: dict[str, list[ObjectObs]] = {}
         for group in (*found.values(), *(strays or {}).values()):
             for obs in group:
@@ -304,7 +312,7 @@ class GridEngineAdapter:
                     continue
                 past = (obs.start is not None and obs.time_limit_s is not None
                         and now > obs.start + obs.time_limit_s + verify.VERIFY_GRACE_S)
-                if obs.nodes[0] in self._unheard_hosts or past:
+                if obs.nodes[0] in long_unheard or past:
                     suspects.setdefault(obs.nodes[0], []).append(obs)
         if not suspects:
             return
@@ -323,10 +331,27 @@ class GridEngineAdapter:
             dead |= gone
         if not dead:
             return
+        # A job that ended while its execd could not tell qmaster (qmaster restarted, a
+        # network cut) has no process either: its record, once written, says how it
+        # ended, and wins. (The unheard grace keeps a restarted qmaster's first minute
+        # of 'u' from counting at all.)
+        await self._follow_accounting()
+        records = {}
+        for group in (*found.values(), *(strays or {}).values()):
+            for obs in group:
+                if obs.ref.id in dead:
+                    record = accounting.pick_record(
+                        obs.ref, self._index.records.get(obs.ref.id, ()), user=self.user)
+                    if record is not None:
+                        records[obs.ref.id] = classify.observe_record(
+                            record, cluster=self.cluster, now=now,
+                            cancelled=(obs.ref.id, obs.ref.submit) in self._cancelled)
 
         def checked(obs: ObjectObs) -> ObjectObs:
             if obs.ref.id not in dead:
                 return obs
+            if obs.ref.id in records:
+                return records[obs.ref.id]
             letters = jobs[obs.ref.id].state if obs.ref.id in jobs else ""
             detail = (f"listed '{letters}' on {obs.nodes[0]}"
                       + (" (its execd unheard)" if obs.nodes[0] in self._unheard_hosts
@@ -344,7 +369,13 @@ class GridEngineAdapter:
                             ) -> dict[int, qstat.JobDetail | None]:
         result = await self._script(
             f"exec qstat -j {','.join(map(str, numbers))} -xml\n", "qstat -j")
-        details = qstat.parse_details(result.stdout)
+        try:
+            details = qstat.parse_details(result.stdout)
+        except ProtocolError as exc:
+            log.warning("qstat -j printed what is not its XML", extra={
+                "error": str(exc), "stdout": result.stdout[:2000],
+                "stderr": result.stderr[:500]})
+            raise TransientError(f"qstat -j: {exc}", retry_after=1.0) from exc
         return {n: details.get(n) for n in numbers}
 
     async def _identified(self, ref: ObjectRef, operation: str) -> qstat.JobDetail:

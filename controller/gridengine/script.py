@@ -17,18 +17,20 @@ qsub options, in this fixed order::
 
     -terse -N dj-<ULID> -A dispatch;s=<N>;a=<a> [-h] -S /bin/sh -wd <workdir>
     -j y -o "$D/s<N>-$JOB_ID.ge" -r y|n [-l h_rt=<s>] [-l h_vmem=<MiB per slot>M]
-    [-pe <pe> <slots>] [-q <queue>] [-P <project>] [-l h=<expression>]
+    [-pe <pe> <slots>] [-q <queue>] [-P <project>] [-l h=<expression>] [-w e]
 
 ``-o`` is Grid Engine's own output file (its ``$JOB_ID`` pseudo variable, kept from
 the shell by ``\$``): the shepherd creates it when the job starts, so it is the
 evidence that a job started (``started_evidence``), and an unwritable ``D`` puts the
 job in ``Eqw`` (failed 26). Slots are ``tasks_per_node * cpus_per_task``; ``h_vmem``
 is per slot (GE's limit is per process, ``setrlimit``). Node exclusion and the node
-list are one ``hostname`` expression: ``h=(a|b)&!c&!d``. Refused (ErrUnsupported),
-because Grid Engine has no equivalent we would trust: ``nodes`` > 1, GPUs, the
-``slurm.Resources`` extension, and ``slurm.Placement`` fields other than ``nodelist``
-and ``exclude``. ``stop_grace_s`` is not passed (GE has no per-job grace: a ``qdel``
-kills at once; ``Capabilities.lacks`` says so).
+list are one ``hostname`` expression: ``h=(a|b)&!c&!d``; with the nodes a resubmission
+excludes, ``-w e`` makes qsub refuse a job no host could run (Grid Engine would keep it
+``qw`` forever), and the resubmission goes again without the exclusion, as on Slurm.
+Refused (ErrUnsupported), because Grid Engine has no equivalent we would trust:
+``nodes`` > 1, GPUs, the ``slurm.Resources`` extension, and ``slurm.Placement`` fields
+other than ``nodelist`` and ``exclude``. ``stop_grace_s`` is not passed (GE has no
+per-job grace: a ``qdel`` kills at once; ``Capabilities.lacks`` says so).
 
 The batch script is the Slurm one's (SPEC §3.2) with Grid Engine's variables:
 ``JOB_ID`` for the job id and ``RESTARTED`` (1 after a reschedule) for the restart
@@ -174,6 +176,11 @@ def qsub_options(request: StartRequest, settings: StartSettings,
     expression = host_expression(placement.nodelist, [*exclude, *request.extra_exclude])
     if expression:
         words += ["-l", shlex.quote(f"h={expression}")]
+    if request.extra_exclude:
+        # qsub accepts a job that no host can ever run (it would wait forever); with
+        # -w e it refuses one ("no suitable queues"), so a resubmission whose exclusion
+        # leaves nothing is submitted again without it, as on Slurm
+        words += ["-w", "e"]
     return words
 
 

@@ -6,10 +6,13 @@ execd returns) and past its run-time limit when the limit could not be enforced.
 such a job the adapter looks at the host itself: ``probe_script`` runs on the submit
 host and, for the job's host (itself, or over ``ssh -o BatchMode=yes``), lists the
 ``DISPATCH_ATTEMPT`` of every process of the user -- the batch script exports it
-(``s<N>-<job number>-r<R>``) and the command inherits it. A job whose host answered and
-has no process of it is dead (``dead_numbers``); a host that does not answer tells
-nothing (a partition is not a crash): the job stays running, marked Stale by its
-host's state. Pure: the adapter runs the script.
+(``s<N>-<job number>-r<R>``) and the command inherits it -- and whether an ``sge_execd``
+runs there. A job whose host answered, runs no execd and has no process of it is dead
+(``dead_numbers``); with execd running, the job's end is execd's to report; a host
+that does not answer tells nothing (a partition is not a crash): the job stays running,
+marked Stale by its host's state, for the operator (Grid Engine itself gives up on such
+a host only with ``reschedule_unknown``; its jobs then leave qstat and the adapter
+follows them into accounting, or into unknown). Pure: the adapter runs the script.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from collections.abc import Iterable
 from typing import Final
 
 VERIFY_GRACE_S: Final = 120  # past h_rt by this much: verify the job's processes
+# A host unheard this long (seen 'u' by this process's reads) is verified. A restarted
+# qmaster shows every host 'u' until its execd's next load report (load_report_time,
+# 40 s by default): a job that ended meanwhile has no process and no record yet.
+UNHEARD_GRACE_S: Final = 120
 ANSWERED: Final = "DISPATCH-PROBE-ANSWERED"
+EXECD_ALIVE: Final = "DISPATCH-PROBE-EXECD"
 _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ATTEMPT_RE = re.compile(r"DISPATCH_ATTEMPT=s[0-9]+-([0-9]+)-r[0-9]+")
 
@@ -30,7 +38,8 @@ def probe_script(host: str) -> str:
     process of this user (nothing printed at all when the host cannot be reached)."""
     if _HOST_RE.fullmatch(host) is None:
         raise ValueError(f"not a host name: {host!r:.60}")
-    probe = (f"echo {ANSWERED}; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | "
+    probe = (f"echo {ANSWERED}; grep -qsx sge_execd /proc/[0-9]*/comm && echo {EXECD_ALIVE}; "
+             "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | "
              "grep -E '^DISPATCH_ATTEMPT=s[0-9]+-[0-9]+-r[0-9]+$' | sort -u; exit 0")
     quoted = shlex.quote(host)
     return (f"H={quoted}\n"
@@ -43,9 +52,11 @@ def probe_script(host: str) -> str:
 
 def dead_numbers(output: str, numbers: Iterable[int]) -> frozenset[int]:
     """Of ``numbers`` (jobs on the probed host), those with no process there; none
-    when the host did not answer."""
+    when the host did not answer, and none while its execd runs (a job that ended while
+    its execd could not reach qmaster -- qmaster restarting -- has no process either,
+    and execd will report how it ended)."""
     lines = output.splitlines()
-    if ANSWERED not in lines:
+    if ANSWERED not in lines or EXECD_ALIVE in lines:
         return frozenset()
     alive = {int(m.group(1)) for line in lines if (m := _ATTEMPT_RE.fullmatch(line))}
     return frozenset(n for n in numbers if n not in alive)

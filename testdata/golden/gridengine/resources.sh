@@ -25,6 +25,6 @@ export A=x"$DISPATCH_NL"y
 export B='it'"'"'s'
 exec python3 -c 'print('"'"'hi'"'"')'
 DISPATCH_EOF
-J=$(qsub -terse -N dj-01JZ8Q2N5V0000000000000000 -A 'dispatch;s=2;a=1' -h -S /bin/sh -wd /home/dispatch/w -j y -o "$D/s2-\$JOB_ID.ge" -r y -l h_rt=90 -l h_vmem=1000M -pe smp 4 -q all.q -P lab -l 'h=!node7' "$D/s2.job" "$D" "${PATH+=}${PATH-}" "${HOME+=}${HOME-}")
+J=$(qsub -terse -N dj-01JZ8Q2N5V0000000000000000 -A 'dispatch;s=2;a=1' -h -S /bin/sh -wd /home/dispatch/w -j y -o "$D/s2-\$JOB_ID.ge" -r y -l h_rt=90 -l h_vmem=1000M -pe smp 4 -q all.q -P lab -l 'h=!node7' -w e "$D/s2.job" "$D" "${PATH+=}${PATH-}" "${HOME+=}${HOME-}")
 printf 'DISPATCH_ID %s\n' "$J"
 exec qstat -j "$J" -xml
