@@ -20,13 +20,15 @@ from typing import Any, Final, Literal, Protocol
 from controller.config import ClusterEntry, Config, SchedulerKind, TransportKind
 from controller.daemon.service import build_shard, shard_lease
 from controller.daemon.shard import Shard
+from controller.gridengine import script as ge_script
 from controller.gridengine.adapter import GridEngineAdapter
 from controller.metrics import Metrics
-from controller.model.obs import ObjectRef
+from controller.model.obs import ObjectRef, StartRequest
 from controller.reconcile.ports import SchedulerPort
 from controller.runner.base import RateLimiter, Runner
 from controller.runner.local import LocalRunner
 from controller.runner.ssh import SSHRunner
+from controller.slurm import script as slurm_script
 from controller.slurm.adapter import SlurmAdapter
 from controller.store.db import Store
 from controller.store.lease import new_holder_id
@@ -118,6 +120,20 @@ ADAPTERS: Final[Mapping[SchedulerKind, Callable[
     SchedulerKind.SLURM: _slurm,
     SchedulerKind.GRIDENGINE: _gridengine,
 }
+
+
+# The Start script of each kind, as ``dispatchctl submit --dry-run`` prints it.
+START_SCRIPTS: Final[Mapping[SchedulerKind, Callable[[ClusterEntry, StartRequest], str]]] = {
+    SchedulerKind.SLURM: lambda cluster, request: slurm_script.render_start_script(
+        request, cluster.start_settings()),
+    SchedulerKind.GRIDENGINE: lambda cluster, request: ge_script.render_start_script(
+        request, cluster.start_settings(), cluster.gridengine.settings()),
+}
+
+
+def render_start(cluster: ClusterEntry, request: StartRequest) -> str:
+    """The exact script Start would run on ``cluster`` for ``request``."""
+    return START_SCRIPTS[cluster.kind](cluster, request)
 
 
 def build_adapter(cluster: ClusterEntry, runner: Runner, *,
