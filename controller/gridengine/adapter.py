@@ -93,6 +93,7 @@ _ACCOUNTING_READS_PER_CALL: Final = 16  # at most 16 * 8 MiB of accounting per i
 # How long the hold kinds read for a held job whose listing did not change are trusted:
 # an operator's hold added on top of ours leaves the list's ``hqw`` as it was.
 HOLD_RECHECK_S: Final = 30
+_CANCELLED_KEPT: Final = 100_000  # deletions remembered (for their accounting cause)
 Stream = Literal["stdout", "stderr"]
 
 # find_many's memory: (number, name, state letters, listed time) -> the job's details
@@ -140,7 +141,9 @@ class GridEngineAdapter:
         self._on_unheard: frozenset[int] = frozenset()  # jobs listed on such a host
         self._index = accounting.AccountingIndex(user)
         self._index_lock = asyncio.Lock()
-        self._cancelled: set[tuple[int, int]] = set()  # (number, submit) we qdel'd
+        # (number, submit) of the jobs this process deleted -> when: a qdel reads as any
+        # signal in accounting (failed 100), so only our memory makes it "cancelled"
+        self._cancelled: dict[tuple[int, int], int] = {}
         self._identity_reads: Coalescer[int, qstat.JobDetail | None] = Coalescer(
             self._read_details, limit=JOINED_LIMIT, parallel=2)
         self._joined: Coalescer[tuple[str, int], CommandResult] = Coalescer(
@@ -527,7 +530,11 @@ class GridEngineAdapter:
             return
         forced = (self.capabilities is not None and self.capabilities.forced_qdel_unknown
                   and ref.id in self._on_unheard)
-        self._cancelled.add((ref.id, ref.submit))
+        self._cancelled[(ref.id, ref.submit)] = self._now()
+        if len(self._cancelled) > _CANCELLED_KEPT:  # the oldest half goes
+            for key in sorted(self._cancelled, key=self._cancelled.__getitem__)[
+                    :_CANCELLED_KEPT // 2]:
+                del self._cancelled[key]
         result = await self._joined.call(("stop-forced" if forced else "stop", ref.id))
         if not result.ok:
             error = ge_failure(result, operation="qdel")
