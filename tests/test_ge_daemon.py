@@ -35,6 +35,12 @@ def ge() -> GridEngine:
     return found
 
 
+@pytest.fixture(autouse=True)
+def _clean(ge: GridEngine) -> Iterator[None]:
+    yield
+    delete_all(USER)
+
+
 def write_ge_config(path: Path, *, database_url: str, port: int, out_dir: str,
                     tick_s: float = 1.0, extra: str = "", reconcile: str = "") -> Path:
     path.write_text(f"""
@@ -152,10 +158,13 @@ def test_thirty_jobs_with_the_daemon_killed_ten_times(ge: GridEngine, tmp_path: 
     everything = [i for group in ids.values() for i in group]
     assert len(everything) == 30
     started = time.monotonic()
-    with ge_daemon(tmp_path, sqlite_url, extra="lease_ttl_s = 10") as d:
+    # A killed leader's lease blocks the next daemon until it expires: a short lease
+    # (3 s) lets each new daemon act between kills (fencing keeps it safe at any TTL)
+    with ge_daemon(tmp_path, sqlite_url,
+                   extra="lease_ttl_s = 3\nlease_margin_s = 1") as d:
         released = cancelled = False
         while d.kills < 10 or not (released and cancelled):
-            time.sleep(rng.uniform(0.5, 2.5))
+            time.sleep(rng.uniform(1.0, 6.0))
             d.kill()
             d.start()
             phases = _phases(client, everything)
