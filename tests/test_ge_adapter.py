@@ -247,3 +247,27 @@ def test_one_read_for_a_steady_queue(ge: GridEngine) -> None:
         assert len(calls) - before == 1, calls
 
     asyncio.run(main())
+
+
+def test_dispatchctl_preflight_of_a_grid_engine_cluster(ge: GridEngine, tmp_path: Path) -> None:
+    """``dispatchctl preflight`` reaches the cell through the configured transport: what
+    it supports, and exit 1 naming what the daemon needs and it lacks."""
+    import subprocess
+
+    from tests.daemon_harness import DISPATCHCTL
+
+    def run(queue: str) -> subprocess.CompletedProcess[str]:
+        config = tmp_path / f"{queue}.toml"
+        config.write_text(f'[cluster]\nname = "ge"\nkind = "gridengine"\n[transport]\n'
+                          f'run_as = "{USER}"\n[output]\ndir = "{output_dir()}"\n'
+                          f'[gridengine]\nqueue = "{queue}"\n')
+        return subprocess.run([DISPATCHCTL, "--config", str(config), "preflight"],
+                              capture_output=True, text=True, check=False)
+
+    good = run(ge.queue)
+    assert good.returncode == 0, good.stderr
+    assert "kind                     gridengine" in good.stdout
+    assert "accounting_readable      True" in good.stdout
+    bad = run("nosuch.q")
+    assert bad.returncode == 1
+    assert "gridengine.queue nosuch.q is not a queue of the cluster" in bad.stderr
