@@ -271,3 +271,38 @@ def test_dispatchctl_preflight_of_a_grid_engine_cluster(ge: GridEngine, tmp_path
     bad = run("nosuch.q")
     assert bad.returncode == 1
     assert "gridengine.queue nosuch.q is not a queue of the cluster" in bad.stderr
+
+
+def test_round_trip_over_ssh(ge: GridEngine) -> None:
+    """The adapter over SSH (one asyncssh connection, host keys checked) as ``dispatch``:
+    the loopback sshd that scripts/slurm-up runs on this host reaches the cell's commands
+    as well (read only: nothing of Slurm is touched). Skipped without it."""
+    from controller.gridengine.adapter import GridEngineAdapter
+    from controller.runner.ssh import SSHRunner
+    from controller.slurm.script import StartSettings
+
+    env_file = Path("/var/lib/dispatch-slurm/env")
+    if not env_file.exists():
+        pytest.skip("no loopback sshd (scripts/slurm-up)")
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    out = output_dir()
+
+    async def main() -> None:
+        runner = SSHRunner("127.0.0.1", port=int(env["SSH_PORT"]), username=USER,
+                           client_keys=[env["SSH_KEY"]], known_hosts=env["SSH_KNOWN_HOSTS"])
+        try:
+            a = GridEngineAdapter(runner, cluster="ge", settings=StartSettings(output_dir=out),
+                                  user=USER, accounting_file=ge.accounting_file)
+            assert await a.check_preflight() == []
+            req = request(["sh", "-c", "echo over ssh"])
+            ref = await a.start(req)
+            assert (await only(a, req.job_id)).state is State.GATED  # type: ignore[union-attr]
+            await a.release(ref)
+            end = await _ended(a, ref)
+            assert end.cause.kind is CauseKind.COMPLETED
+            assert b"".join([c async for c in a.output(ref, "stdout", submission=1)]) == \
+                b"over ssh\n"
+        finally:
+            await runner.close()
+
+    asyncio.run(main())
