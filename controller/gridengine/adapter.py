@@ -79,7 +79,7 @@ from controller.gridengine.failures import ge_failure
 from controller.model import identity
 from controller.model.obs import Cause, CauseKind, ObjectObs, ObjectRef, StartRequest, State
 from controller.reconcile.ports import ClusterStats
-from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, CommandResult, Runner
+from controller.runner.base import DEFAULT_COMMAND_TIMEOUT_S, CommandResult, Runner, Sleep
 from controller.slurm import naming as slurm_naming
 from controller.slurm import output_scripts
 from controller.slurm.script import StartSettings, check_output_dir, manifest_path, output_dir
@@ -109,7 +109,7 @@ class GridEngineAdapter:
                  clock: Callable[[], float] = time.time,
                  capabilities: Capabilities | None = None,
                  command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
-                 sleep: Callable[[float], object] = asyncio.sleep,
+                 sleep: Sleep = asyncio.sleep,
                  poll_interval: float = 2.0, stop_confirm_s: float = 15.0,
                  write_guard: Callable[[], None] | None = None,
                  first_read_bytes: int = accounting.FIRST_READ_BYTES,
@@ -554,14 +554,9 @@ class GridEngineAdapter:
                 raise TransientError(f"stop: job {ref.id} ({ref.uid}) is still listed "
                                      f"{self._stop_confirm_s:g}s after qdel",
                                      retry_after=self._stop_confirm_s)
-            await self._sleep_s(delay)
+            await self._sleep(delay)
             waited += delay
             delay = min(delay * 2, 2.0)
-
-    async def _sleep_s(self, seconds: float) -> None:
-        pending = self._sleep(seconds)
-        if asyncio.iscoroutine(pending) or isinstance(pending, asyncio.Future):
-            await pending
 
     # ------------------------------------------------------------ files
 
@@ -634,7 +629,7 @@ class GridEngineAdapter:
                     yield chunk
             if ended:
                 return
-            await self._sleep_s(self._poll_interval)
+            await self._sleep(self._poll_interval)
 
     # ------------------------------------------------------------ cluster
 
