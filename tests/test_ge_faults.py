@@ -116,6 +116,37 @@ def test_execd_killed_under_a_running_job(ge: GridEngine, tmp_path: Path,
     assert detected < 20 + 12 + 30
 
 
+def test_execd_killed_under_a_job_that_lives_on(ge: GridEngine, tmp_path: Path,
+                                                sqlite_url: str) -> None:
+    """Only execd dies; the job's processes live on (its shepherd is reparented). The
+    host's queue turns 'u', the job is marked Stale (NodeDown; dispatch_jobs_stale 1) and
+    found alive on its host: never resubmitted. execd back, the job ends normally: one
+    submission, one execution."""
+    client = Client(sqlite_url)
+    jid = client.submit(_doc(["sleep", "45"]))
+    stale = metric_key("dispatch_jobs_stale", cluster="ge")
+    with cell_lock(), ge_daemon(tmp_path, sqlite_url) as d:
+        wait_until(lambda: _phases(client, [jid])[jid]["phase"] == "running", timeout=60,
+                   what="running")
+        execd = daemon_pid("sge_execd")
+        assert execd is not None
+        os.kill(execd, signal.SIGKILL)
+        wait_until(lambda: d.metrics().get(stale) == 1, timeout=60, what="Stale")
+        conditions = {c["type"]: c for c in _phases(client, [jid])[jid]["conditions"]}
+        assert conditions["Stale"]["reason"] == "NodeDown", conditions
+        # past the unheard grace (10 s): looked for on its host and found alive
+        wait_until(lambda: "listed running, found on its host" in d.log_text(), timeout=60,
+                   what="the probe")
+        assert "no process on its host" not in d.log_text()
+        assert len(client.describe(jid).submissions) == 1
+        ge_up()
+        wait_until(lambda: _phases(client, [jid])[jid]["phase"] in TERMINAL, timeout=90,
+                   what="the job to end")
+    assert _phases(client, [jid])[jid]["phase"] == "succeeded"
+    assert len(client.describe(jid).submissions) == 1
+    assert _executions(ge, [jid]) == {jid: 1}
+
+
 def test_qmaster_restarted_mid_flow(ge: GridEngine, tmp_path: Path, sqlite_url: str) -> None:
     """qmaster stopped (SIGKILL) and started again while 12 jobs flow: nothing lost,
     nothing run twice."""
@@ -164,8 +195,12 @@ def test_a_job_driven_into_eqw_ends_under_the_policy(ge: GridEngine, tmp_path: P
 
 
 def _set_jobseqnum(value: int) -> int:
-    """Stop qmaster, set the next job number's predecessor, start it; the old value."""
-    as_root("qconf", "-km")
+    """Stop qmaster, set the next job number's predecessor, start it; the old value.
+    (SIGKILL, not ``qconf -km``'s 9 s controlled shutdown: the spool survives it, as the
+    qmaster restart test shows; the file is written while qmaster is down.)"""
+    pid = daemon_pid("sge_qmaster")
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
     wait_until(lambda: daemon_pid("sge_qmaster") is None, timeout=60, what="qmaster down")
     path = QMASTER_SPOOL / "jobseqnum"
     old = int(path.read_text().strip() or 0)

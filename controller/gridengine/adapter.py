@@ -327,6 +327,10 @@ class GridEngineAdapter:
                 continue
             result = await self._runner.run_script(text, timeout=self._timeout)
             gone = verify.dead_numbers(result.stdout, [o.ref.id for o in group])
+            if len(gone) < len(group):
+                log.info("listed running, found on its host (or it cannot be told)",
+                         extra={"host": host, "ge_ids": sorted(
+                             o.ref.id for o in group if o.ref.id not in gone)})
             if gone:
                 log.warning("listed running, but no process on its host",
                             extra={"host": host, "ge_ids": sorted(gone),
