@@ -197,10 +197,13 @@ def test_a_job_driven_into_eqw_ends_under_the_policy(ge: GridEngine, tmp_path: P
 def _set_jobseqnum(value: int) -> int:
     """Stop qmaster, set the next job number's predecessor, start it; the old value.
     (SIGKILL, not ``qconf -km``'s 9 s controlled shutdown: the spool survives it, as the
-    qmaster restart test shows; the file is written while qmaster is down.)"""
-    pid = daemon_pid("sge_qmaster")
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
+    qmaster restart test shows; the file is written while qmaster is down. execd goes
+    too -- no job runs then -- because a restarted qmaster waits ~25 s for the old execd
+    to report again, and a new one registers at once.)"""
+    for name in ("sge_execd", "sge_qmaster"):
+        pid = daemon_pid(name)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
     wait_until(lambda: daemon_pid("sge_qmaster") is None, timeout=60, what="qmaster down")
     path = QMASTER_SPOOL / "jobseqnum"
     old = int(path.read_text().strip() or 0)
