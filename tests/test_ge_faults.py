@@ -67,22 +67,30 @@ def sqlite_url(tmp_path: Path) -> str:
     return url
 
 
-def test_execd_killed_under_a_running_job(ge: GridEngine, tmp_path: Path,
-                                          sqlite_url: str) -> None:
-    """The host's execd and the job's processes are SIGKILLed; Grid Engine keeps the job
-    'r' (reschedule_unknown 0). Once the host's queue instance is 'u' (max_unheard, 20 s
-    here) the daemon finds no process of the job on the host, deletes it and resubmits
-    it as node-lost, excluding the host. With one host nothing else can run it: qsub
-    -w e refuses the exclusion and the resubmission goes without it (ExclusionDropped,
-    as on Slurm), waits for the host's execd, and runs once it is back."""
+def test_execd_killed_under_running_jobs(ge: GridEngine, tmp_path: Path,
+                                         sqlite_url: str) -> None:
+    """The host's execd is SIGKILLed under two running jobs; the processes of one (LOST)
+    die with it, the other's (ALIVE) live on (its shepherd is reparented). Grid Engine
+    keeps both 'r' (reschedule_unknown 0) and the host's queue turns 'u' (max_unheard,
+    20 s here): both are Stale (NodeDown; dispatch_jobs_stale). Past the unheard grace
+    (10 s here) the daemon looks on the host: LOST has no process there and no execd
+    runs, so it is deleted and resubmitted as node-lost, excluding the host; ALIVE is
+    found and never resubmitted. With one host nothing else can run LOST's
+    resubmission: qsub -w e refuses the exclusion and it goes without it
+    (ExclusionDropped, as on Slurm), waits for the host's execd, and runs once it is
+    back; ALIVE ends normally then. Each job: its executions once each."""
     client = Client(sqlite_url)
-    jid = client.submit(_doc(_sh('[ "$DISPATCH_SUBMISSION" -ge 2 ] || sleep 300')),
-                        policy={"causes": {"node-lost": {"budget": 2, "exclude_node": True}},
-                                "backoff": {"initial_s": 1, "max_s": 2}})
+    lost = client.submit(_doc(_sh('[ "$DISPATCH_SUBMISSION" -ge 2 ] || sleep 300')),
+                         policy={"causes": {"node-lost": {"budget": 2,
+                                                          "exclude_node": True}},
+                                 "backoff": {"initial_s": 1, "max_s": 2}})
+    alive = client.submit(_doc(["sleep", "50"]))
+    stale = metric_key("dispatch_jobs_stale", cluster="ge")
     with cell_lock(), ge_daemon(tmp_path, sqlite_url) as d:
-        wait_until(lambda: _phases(client, [jid])[jid]["phase"] == "running", timeout=60,
-                   what="running")
-        first = client.describe(jid).submissions[0].slurm_job_id
+        wait_until(lambda: all(v["phase"] == "running"
+                               for v in _phases(client, [lost, alive]).values()),
+                   timeout=60, what="both running")
+        first = client.describe(lost).submissions[0].slurm_job_id
         assert first is not None
         execd = daemon_pid("sge_execd")
         assert execd is not None
@@ -91,60 +99,39 @@ def test_execd_killed_under_a_running_job(ge: GridEngine, tmp_path: Path,
         for pid in job_pids(first):
             os.kill(pid, signal.SIGKILL)
         assert first in live_numbers()  # still listed
-        wait_until(lambda: len(subs := client.describe(jid).submissions) >= 2
+        wait_until(lambda: d.metrics().get(stale, 0) >= 1, timeout=60, what="Stale")
+        wait_until(lambda: len(subs := client.describe(lost).submissions) >= 2
                    and subs[1].slurm_job_id is not None, timeout=90, what="the resubmission")
         detected = time.monotonic() - killed_at
         unheard = "u" in queue_state(ge.host)
-        found = client.describe(jid)
+        found = client.describe(lost)
         kinds = [e.kind for e in found.events]
         messages = " ".join(e.message for e in found.events)
         assert "node-lost" in messages, messages
         assert "ExclusionDropped" in kinds, kinds
-        ge_up()  # execd back: the resubmission runs
-        wait_until(lambda: _phases(client, [jid])[jid]["phase"] in TERMINAL, timeout=120,
-                   what="the resubmission to finish")
+        wait_until(lambda: "listed running, found on its host" in d.log_text(), timeout=30,
+                   what="the probe finding ALIVE")
+        conditions = {c["type"]: c for c in _phases(client, [alive])[alive]["conditions"]}
+        assert conditions["Stale"]["reason"] == "NodeDown", conditions
+        assert len(client.describe(alive).submissions) == 1
+        ge_up()  # execd back: the resubmission runs, ALIVE's end is reported
+        wait_until(lambda: all(v["phase"] in TERMINAL
+                               for v in _phases(client, [lost, alive]).values()),
+                   timeout=120, what="both to finish")
         assert d.alive()
-    view = _phases(client, [jid])[jid]
-    runs = [r for r in accounting(ge, {"dj-" + jid}) if ran(r)]
+    views = _phases(client, [lost, alive])
+    runs = [r for r in accounting(ge, {"dj-" + lost}) if ran(r)]
     emit(f"\ngridengine execd-kill: detected and resubmitted in {detected:.1f}s "
-         f"(max_unheard 20 s; queue 'u' then: {unheard}); phase {view['phase']}; "
-         f"accounted executions {len(runs)}")
-    assert view["phase"] == "succeeded", view
+         f"(max_unheard 20 s; queue 'u' then: {unheard}); phases "
+         f"{views[lost]['phase']}/{views[alive]['phase']}; accounted executions of the "
+         f"lost job {len(runs)}")
+    assert views[lost]["phase"] == views[alive]["phase"] == "succeeded", views
     # the lost run (submission 1, killed with its host) and the resubmission, once each
     assert sorted((r.account, r.failed) for r in runs)[-1] == ("dispatch;s=2;a=1", 0)
     assert len({r.account for r in runs}) == len(runs) <= 2, runs
+    assert len(client.describe(alive).submissions) == 1
+    assert _executions(ge, [alive]) == {alive: 1}
     assert detected < 20 + 12 + 30
-
-
-def test_execd_killed_under_a_job_that_lives_on(ge: GridEngine, tmp_path: Path,
-                                                sqlite_url: str) -> None:
-    """Only execd dies; the job's processes live on (its shepherd is reparented). The
-    host's queue turns 'u', the job is marked Stale (NodeDown; dispatch_jobs_stale 1) and
-    found alive on its host: never resubmitted. execd back, the job ends normally: one
-    submission, one execution."""
-    client = Client(sqlite_url)
-    jid = client.submit(_doc(["sleep", "45"]))
-    stale = metric_key("dispatch_jobs_stale", cluster="ge")
-    with cell_lock(), ge_daemon(tmp_path, sqlite_url) as d:
-        wait_until(lambda: _phases(client, [jid])[jid]["phase"] == "running", timeout=60,
-                   what="running")
-        execd = daemon_pid("sge_execd")
-        assert execd is not None
-        os.kill(execd, signal.SIGKILL)
-        wait_until(lambda: d.metrics().get(stale) == 1, timeout=60, what="Stale")
-        conditions = {c["type"]: c for c in _phases(client, [jid])[jid]["conditions"]}
-        assert conditions["Stale"]["reason"] == "NodeDown", conditions
-        # past the unheard grace (10 s): looked for on its host and found alive
-        wait_until(lambda: "listed running, found on its host" in d.log_text(), timeout=60,
-                   what="the probe")
-        assert "no process on its host" not in d.log_text()
-        assert len(client.describe(jid).submissions) == 1
-        ge_up()
-        wait_until(lambda: _phases(client, [jid])[jid]["phase"] in TERMINAL, timeout=90,
-                   what="the job to end")
-    assert _phases(client, [jid])[jid]["phase"] == "succeeded"
-    assert len(client.describe(jid).submissions) == 1
-    assert _executions(ge, [jid]) == {jid: 1}
 
 
 def test_qmaster_restarted_mid_flow(ge: GridEngine, tmp_path: Path, sqlite_url: str) -> None:
