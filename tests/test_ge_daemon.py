@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -143,7 +144,7 @@ def test_thirty_jobs_with_the_daemon_killed_ten_times(ge: GridEngine, tmp_path: 
     # fails on its first execution, whatever its submission number (a daemon killed
     # between committing an intent and its qsub abandons that intent after the adopt
     # window: the first execution may be submission 2)
-    markers = Path(f"/tmp/dispatch-ge-e2e/markers-{tmp_path.name}")
+    markers = Path(f"/tmp/dispatch-ge-e2e/markers-{uuid.uuid4().hex[:12]}")
     subprocess.run(["install", "-d", "-m", "1777", str(markers.parent), str(markers)],
                    check=True)
     for i in range(4):
