@@ -43,6 +43,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final
 
 from controller.errors import ErrInvalid
+from controller.gridengine.accounting import DEFAULT_ACCOUNTING_FILE
+from controller.gridengine.script import GridEngineSettings
+from controller.gridengine.verify import UNHEARD_GRACE_S
 from controller.model.setting import MASK, Setting, redact_url, setting, setting_of
 from controller.model.spec import CLUSTER_NAME_RE, Placement, check_env_name
 from controller.reconcile.settings import ReconcileConfig
@@ -106,6 +109,16 @@ KeyPath = Callable[[str], str]
 # ---------------------------------------------------------------- the groups
 
 
+class SchedulerKind(enum.Enum):
+    """Which scheduler a cluster runs: its adapter (``controller.wiring.ADAPTERS``)."""
+
+    SLURM = "slurm"
+    GRIDENGINE = "gridengine"
+
+
+_GE_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,127}|")
+
+
 class TransportKind(enum.Enum):
     """How a command reaches the Slurm host."""
 
@@ -120,6 +133,9 @@ class ClusterConfig:
     name: str = setting("lab", doc="the cluster's name: ObjectRef.cluster of its objects",
                         check=_pattern(CLUSTER_NAME_RE,
                                        "1-64 of [A-Za-z0-9_.-], starting alphanumeric"))
+    kind: SchedulerKind = setting(SchedulerKind.SLURM,
+                                  doc='the scheduler: "slurm" or "gridengine" (Son of Grid '
+                                      'Engine 8.1)')
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +239,30 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GridEngineConfig:
+    """A Grid Engine cluster's submission (kind = "gridengine")."""
+
+    queue: str = setting("", doc="gridengine: qsub -q; empty: the cell chooses",
+                         check=_pattern(_GE_WORD, "a queue name"))
+    pe: str = setting("smp", doc="gridengine: qsub -pe for a job of more than one slot",
+                      check=_pattern(_GE_WORD, "a parallel environment name"))
+    project: str = setting("", doc="gridengine: qsub -P", check=_pattern(_GE_WORD,
+                                                                        "a project name"))
+    unheard_grace_s: float = setting(UNHEARD_GRACE_S, unit="s", minimum=0,
+                                     doc="gridengine: a host whose execd is unheard ('u') "
+                                         "this long has its running jobs' processes "
+                                         "looked for; none: node-lost")
+    accounting_file: str = setting(DEFAULT_ACCOUNTING_FILE,
+                                   doc="gridengine: the accounting file on the submit host "
+                                       "(followed by offset)")
+
+    def settings(self) -> GridEngineSettings:
+        return GridEngineSettings(queue=self.queue, pe=self.pe, project=self.project)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterEntry:
-    """One Slurm cluster the controller drives (a shard)."""
+    """One cluster the controller drives (a shard), of one scheduler kind."""
 
     name: str
     transport: TransportConfig
@@ -232,6 +270,8 @@ class ClusterEntry:
     environment: EnvironmentConfig
     defaults: Placement
     slurm: SlurmConfig
+    gridengine: GridEngineConfig = field(default_factory=GridEngineConfig)
+    kind: SchedulerKind = SchedulerKind.SLURM
 
     def start_settings(self) -> StartSettings:
         """The part the Start script needs (``controller.slurm.script``)."""
@@ -243,7 +283,7 @@ class ClusterEntry:
 CLUSTERS: Final = "clusters"  # the array of tables of several clusters
 # The groups an entry may override, in file order: every field of ClusterEntry but its name.
 ENTRY_GROUPS: Final[tuple[str, ...]] = tuple(f.name for f in fields(ClusterEntry)
-                                             if f.name != "name")
+                                             if f.name not in ("name", "kind"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +300,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    gridengine: GridEngineConfig = field(default_factory=GridEngineConfig)
     # every cluster, the default first; never empty once constructed
     clusters: tuple[ClusterEntry, ...] = ()
 
@@ -268,7 +309,7 @@ class Config:
             object.__setattr__(self, CLUSTERS, (self._top_level_cluster(),))
 
     def _top_level_cluster(self) -> ClusterEntry:
-        return ClusterEntry(self.cluster.name,
+        return ClusterEntry(self.cluster.name, kind=self.cluster.kind,
                             **{group: getattr(self, group) for group in ENTRY_GROUPS})
 
     @property
@@ -297,7 +338,7 @@ class Config:
         group, and ``clusters`` as a list of entries (name and their groups)."""
         shown: dict[str, Any] = {group: _plain_group(group, getattr(self, group))
                                  for group in _groups()}
-        shown[CLUSTERS] = [{"name": entry.name,
+        shown[CLUSTERS] = [{"name": entry.name, "kind": entry.kind.value,
                             **{group: _plain_group(group, getattr(entry, group))
                                for group in ENTRY_GROUPS}}
                            for entry in self.clusters]
@@ -471,9 +512,10 @@ def _parse_clusters(raw: object, tables: Mapping[str, Mapping[str, Any]],
                     paths: Mapping[str, Mapping[str, str]]) -> Config:
     """A document with ``[[clusters]]``: the top-level groups an entry may override are
     the base of every entry; the Config's top-level groups are the first entry's."""
-    if "name" in tables["cluster"]:
-        raise ErrInvalid(f"with [[{CLUSTERS}]] each entry names its cluster; the first "
-                         "entry is the default", field="cluster.name")
+    for key in ("name", "kind"):
+        if key in tables["cluster"]:
+            raise ErrInvalid(f"with [[{CLUSTERS}]] each entry names its cluster and its "
+                             "kind; the first entry is the default", field=f"cluster.{key}")
     if not isinstance(raw, list):
         raise ErrInvalid("must be an array of tables ([[clusters]])", field=CLUSTERS)
     if not raw:
@@ -490,7 +532,7 @@ def _parse_clusters(raw: object, tables: Mapping[str, Mapping[str, Any]],
                              field=f"{CLUSTERS}[{i}].name")
         entries.append(entry)
     first = entries[0]
-    shared["cluster"] = ClusterConfig(name=first.name)
+    shared["cluster"] = ClusterConfig(name=first.name, kind=first.kind)
     return Config(**shared, **{group: getattr(first, group) for group in ENTRY_GROUPS},
                   clusters=tuple(entries))
 
@@ -500,11 +542,12 @@ def _decode_entry(item: object, prefix: str, tables: Mapping[str, Mapping[str, A
     if not isinstance(item, Mapping):
         raise ErrInvalid("must be a table", field=prefix)
     for key in item:
-        if key != "name" and key not in ENTRY_GROUPS:
+        if key not in ("name", "kind") and key not in ENTRY_GROUPS:
             raise ErrInvalid("unknown key", field=f"{prefix}.{key}")
     if "name" not in item:
         raise ErrInvalid("is required", field=f"{prefix}.name")
-    name = decode_group("cluster", {"name": item["name"]}, prefix=prefix).name
+    own_cluster = {key: item[key] for key in ("name", "kind") if key in item}
+    cluster = decode_group("cluster", own_cluster, prefix=prefix)
     groups: dict[str, Any] = {}
     for group in ENTRY_GROUPS:
         own = item.get(group, {})
@@ -514,7 +557,7 @@ def _decode_entry(item: object, prefix: str, tables: Mapping[str, Mapping[str, A
         inherited = {key: top(key) for key in tables[group] if key not in own}
         groups[group] = decode_group(group, {**tables[group], **own},
                                      prefix=f"{prefix}.{group}", paths=inherited)
-    return ClusterEntry(name, **groups)
+    return ClusterEntry(cluster.name, kind=cluster.kind, **groups)
 
 
 def load_config(path: str | None, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -605,6 +648,15 @@ host = "login-gpu"
 partition = "gpu"
 [clusters.slurm]
 rate_per_s = 5
+
+[[clusters]]
+name = "sge"
+kind = "gridengine"
+[clusters.transport]
+kind = "ssh"
+host = "sge-submit"
+[clusters.gridengine]
+queue = "all.q"
 """
 
 
@@ -640,6 +692,8 @@ def render_toml(config: Config | None = None) -> str:
                  "above.")
     for entry in entries:
         lines += [f"[[{CLUSTERS}]]", f"name = {toml_value(entry['name'])}"]
+        if entry["kind"] != SchedulerKind.SLURM.value:
+            lines.append(f"kind = {toml_value(entry['kind'])}")
         for group in ENTRY_GROUPS:
             changed = {k: v for k, v in entry[group].items() if v != entries[0][group][k]}
             if changed:
@@ -661,6 +715,8 @@ def render_markdown() -> str:
     groups = ", ".join(f"`{group}`" for group in ENTRY_GROUPS)
     rows += [f"| `{CLUSTERS}[].name` | required |  |  | {name_doc}; one `[[{CLUSTERS}]]` entry "
              "per cluster, in place of `cluster.name`; the first is the default cluster |",
+             f"| `{CLUSTERS}[].kind` | `\"slurm\"` |  |  | the entry's scheduler, "
+             "\"slurm\" or \"gridengine\" (in place of `cluster.kind`) |",
              f"| `{CLUSTERS}[].<group>.<key>` | the top-level key |  |  | a table {groups} "
              "in an entry overrides the top-level group of that name, key by key |"]
     moved = ", ".join(f"`{old}` (now `{new}`)" for old, new in MOVED.items())
@@ -671,7 +727,8 @@ def render_markdown() -> str:
 __all__ = [
     "CLUSTERS", "CLUSTERS_EXAMPLE", "ENTRY_GROUPS", "MOVED", "ClusterConfig", "ClusterEntry",
     "Config", "DaemonConfig", "DatabaseConfig", "EnvironmentConfig", "Key", "KeyPath",
-    "OutputConfig", "ReconcileConfig", "SlurmConfig", "TransportConfig", "TransportKind",
+    "GridEngineConfig", "OutputConfig", "ReconcileConfig", "SchedulerKind", "SlurmConfig",
+    "TransportConfig", "TransportKind",
     "decode_group", "keys", "load_config", "parse_config", "redact_url", "render_markdown",
     "render_toml", "toml_value",
 ]

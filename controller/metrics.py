@@ -52,17 +52,17 @@ class Families:
         c = ["cluster"]
         self.jobs = Gauge("dispatch_jobs", "Dispatch jobs by phase.", [*c, "phase"],
                           registry=r)
-        self.objects = Gauge("dispatch_job_objects", "Current Slurm objects of non-terminal "
+        self.objects = Gauge("dispatch_job_objects", "Current scheduler objects of non-terminal "
                              "dispatch jobs by observed state.", [*c, "state"], registry=r)
-        self.queued = Gauge("dispatch_jobs_queued", "Dispatch jobs whose Slurm job is queued "
+        self.queued = Gauge("dispatch_jobs_queued", "Dispatch jobs whose scheduler job is queued "
                             "(pending, gated or held).", c, registry=r)
-        self.running = Gauge("dispatch_jobs_running", "Dispatch jobs whose Slurm job runs.",
+        self.running = Gauge("dispatch_jobs_running", "Dispatch jobs whose scheduler job runs.",
                              c, registry=r)
-        self.stale = Gauge("dispatch_jobs_stale", "Jobs Slurm reports running past their time "
-                           "limit or on a down node.", c, registry=r)
+        self.stale = Gauge("dispatch_jobs_stale", "Jobs the scheduler reports "
+                           "running past their time limit or on a down node.", c, registry=r)
         self.oldest_pending = Gauge("dispatch_oldest_pending_seconds", "Age of the oldest "
                                     "queued dispatch job.", c, registry=r)
-        self.submissions = Counter("dispatch_submissions_total", "sbatch submissions made.",
+        self.submissions = Counter("dispatch_submissions_total", "Submissions made (sbatch, qsub).",
                                    c, registry=r)
         self.resubmissions = Counter("dispatch_resubmissions_total",
                                      "Resubmissions decided by the recovery policy, by cause.",
@@ -71,16 +71,16 @@ class Families:
                                "terminal phase, by phase and cause.", [*c, "phase", "cause"],
                                registry=r)
         self.duplicates = Counter("dispatch_duplicates_cancelled_total",
-                                  "Extra Slurm jobs of one dispatch job cancelled.", c,
+                                  "Extra scheduler jobs of one dispatch job cancelled.", c,
                                   registry=r)
-        self.unowned = Gauge("dispatch_unowned_jobs", "Live dj- Slurm jobs of the Slurm user "
+        self.unowned = Gauge("dispatch_unowned_jobs", "Live dj- scheduler jobs of the submit user "
                              "whose id this database never had (a neighbouring "
                              "deployment's): never written.", c, registry=r)
         self.ownership_conflict = Gauge("dispatch_ownership_conflict", "1 when another "
                                         "database with this deployment's id acts on the "
                                         "cluster (a restored backup): the leader refuses "
                                         "to act.", c, registry=r)
-        self.action_errors = Counter("dispatch_action_errors_total", "Slurm actions that "
+        self.action_errors = Counter("dispatch_action_errors_total", "Scheduler actions that "
                                      "failed, by action.", [*c, "action"], registry=r)
         self.tick_duration = Histogram("dispatch_tick_duration_seconds", "Reconcile tick "
                                        "duration.", c, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5,
@@ -89,19 +89,22 @@ class Families:
                                "Unix time the last tick completed.", c, registry=r)
         self.ticks = Counter("dispatch_ticks_total", "Reconcile ticks by result.",
                              [*c, "result"], registry=r)
-        self.slurm_commands = Counter("dispatch_slurm_commands_total", "Slurm commands run, "
-                                      "by command.", [*c, "command"], registry=r)
-        self.slurm_errors = Counter("dispatch_slurm_command_errors_total", "Slurm commands "
+        self.slurm_commands = Counter("dispatch_slurm_commands_total", "Scheduler commands "
+                                      "run (Slurm's, Grid Engine's), by command.", [*c, "command"],
+                                      registry=r)
+        self.slurm_errors = Counter("dispatch_slurm_command_errors_total", "Scheduler commands "
                                     "that failed or timed out, by command.", [*c, "command"],
                                     registry=r)
         self.slurm_duration = Histogram("dispatch_slurm_command_duration_seconds",
-                                        "Slurm command duration, by command.", [*c, "command"],
+                                        "Scheduler command duration, by command.", [*c, "command"],
                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
                                         registry=r)
-        self.slurm_up = Gauge("dispatch_slurm_up", "1 when the last Slurm read succeeded.",
+        self.slurm_up = Gauge("dispatch_slurm_up", "1 when the last live read "
+                              "of the scheduler succeeded.",
                               c, registry=r)
-        self.accounting_up = Gauge("dispatch_slurm_accounting_up", "1 when the last sacct read "
-                                   "succeeded (or none was needed).", c, registry=r)
+        self.accounting_up = Gauge("dispatch_slurm_accounting_up", "1 when the last "
+                                   "accounting read (sacct, the Grid Engine accounting "
+                                   "file) succeeded (or none was needed).", c, registry=r)
         self.leader = Gauge("dispatch_leader", "1 when this daemon holds the cluster's shard "
                             "lease.", c, registry=r)
         self.leader_epoch = Gauge("dispatch_leader_epoch", "The shard lease epoch this daemon "

@@ -12,17 +12,23 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Final, Literal, Protocol
 
-from controller.config import ClusterEntry, Config, TransportKind
+from controller.config import ClusterEntry, Config, SchedulerKind, TransportKind
 from controller.daemon.service import build_shard, shard_lease
 from controller.daemon.shard import Shard
+from controller.gridengine import script as ge_script
+from controller.gridengine.adapter import GridEngineAdapter
 from controller.metrics import Metrics
+from controller.model.obs import ObjectRef, StartRequest
+from controller.reconcile.ports import SchedulerPort
 from controller.runner.base import RateLimiter, Runner
 from controller.runner.local import LocalRunner
 from controller.runner.ssh import SSHRunner
+from controller.slurm import script as slurm_script
 from controller.slurm.adapter import SlurmAdapter
 from controller.store.db import Store
 from controller.store.lease import new_holder_id
@@ -78,13 +84,63 @@ def build_runner(cluster: ClusterEntry, *,
                        observer=observer, limiter=limiter)
 
 
-def build_adapter(cluster: ClusterEntry, runner: Runner, *,
-                  clock: Callable[[], float] = time.time,
-                  write_guard: Callable[[], None] | None = None) -> SlurmAdapter:
+class Adapter(SchedulerPort, Protocol):
+    """What wiring and the CLI use of any adapter besides the port: Preflight (what the
+    cluster supports; the problems the daemon cannot run with) and Output."""
+
+    async def check_preflight(self) -> list[str]: ...
+
+    async def preflight_report(self) -> tuple[dict[str, Any], list[str]]: ...
+
+    def output(self, ref: ObjectRef, stream: Literal["stdout", "stderr"], *,
+               follow: bool = False, submission: int) -> AsyncIterator[bytes]: ...
+
+
+def _slurm(cluster: ClusterEntry, runner: Runner, clock: Callable[[], float],
+           write_guard: Callable[[], None] | None) -> Adapter:
     return SlurmAdapter(runner, cluster=cluster.name, settings=cluster.start_settings(),
                         user=slurm_user(cluster), clock=clock,
                         command_timeout=cluster.transport.command_timeout_s,
                         write_guard=write_guard)
+
+
+def _gridengine(cluster: ClusterEntry, runner: Runner, clock: Callable[[], float],
+                write_guard: Callable[[], None] | None) -> Adapter:
+    return GridEngineAdapter(runner, cluster=cluster.name, settings=cluster.start_settings(),
+                             user=slurm_user(cluster), ge=cluster.gridengine.settings(),
+                             accounting_file=cluster.gridengine.accounting_file,
+                             unheard_grace_s=cluster.gridengine.unheard_grace_s,
+                             clock=clock, command_timeout=cluster.transport.command_timeout_s,
+                             write_guard=write_guard)
+
+
+# One adapter per scheduler kind: a cluster entry's ``kind`` chooses its row.
+ADAPTERS: Final[Mapping[SchedulerKind, Callable[
+    [ClusterEntry, Runner, Callable[[], float], Callable[[], None] | None], Adapter]]] = {
+    SchedulerKind.SLURM: _slurm,
+    SchedulerKind.GRIDENGINE: _gridengine,
+}
+
+
+# The Start script of each kind, as ``dispatchctl submit --dry-run`` prints it.
+START_SCRIPTS: Final[Mapping[SchedulerKind, Callable[[ClusterEntry, StartRequest], str]]] = {
+    SchedulerKind.SLURM: lambda cluster, request: slurm_script.render_start_script(
+        request, cluster.start_settings()),
+    SchedulerKind.GRIDENGINE: lambda cluster, request: ge_script.render_start_script(
+        request, cluster.start_settings(), cluster.gridengine.settings()),
+}
+
+
+def render_start(cluster: ClusterEntry, request: StartRequest) -> str:
+    """The exact script Start would run on ``cluster`` for ``request``."""
+    return START_SCRIPTS[cluster.kind](cluster, request)
+
+
+def build_adapter(cluster: ClusterEntry, runner: Runner, *,
+                  clock: Callable[[], float] = time.time,
+                  write_guard: Callable[[], None] | None = None) -> Adapter:
+    """The adapter of the cluster's scheduler kind (``ADAPTERS``)."""
+    return ADAPTERS[cluster.kind](cluster, runner, clock, write_guard)
 
 
 def build_store(config: Config) -> Store:

@@ -6,7 +6,10 @@ collection order: ``--lane host`` (every test of the host's 22.05 cluster or of
 PostgreSQL, whose server the fault suite restarts, and every test that is not known to
 belong elsewhere), ``--lane chroot`` (the ``@matrix`` tests of the 24.11 and 26.05 chroot
 clusters: their own slurmctld, slurmd, munged and sshd; no PostgreSQL) and ``--lane free``
-(the tests of ``CLUSTER_FREE`` modules that use no PostgreSQL). A module not listed there
+(the tests of ``CLUSTER_FREE`` modules that use no PostgreSQL) and ``--lane gridengine``
+(the ``GRIDENGINE`` modules: the real Grid Engine of ``scripts/gridengine-up``, which no
+other lane uses; its tests that change the cell hold ``tests.ge_fixtures.cell_lock``). A
+module not listed there
 is in the host lane: a new test is serial unless someone says otherwise. The
 ``ALL_CLUSTERS`` modules (every cluster at once) run last in the chroot lane, holding the
 host lane's lock: the host lane's Slurm modules wait for them, and they for it. Without
@@ -56,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["UPDATE_GOLDEN"] = "1"
 
 
-LANES = ("host", "chroot", "free")
+LANES = ("host", "chroot", "free", "gridengine")
 SIM_SEEDS = 240
 # the chroot clusters (tests.slurm_fixtures.matrix's slurm_version)
 CHROOT_VERSIONS = frozenset({"24.11", "26.05"})
@@ -74,12 +77,21 @@ CLUSTER_FREE = frozenset({
     "test_tick_first_write", "test_tick_incremental", "test_tick_lost", "test_tick_memory",
     "test_tick_fresh", "test_tick_sweep", "test_tick_owned", "test_scripts", "test_sim",
     "test_adapter_owner", "test_change_feed", "test_warm_takeover", "test_bench_smoke",
+    "test_ge_parse", "test_ge_script", "test_plan_listed_dead", "test_ge_verify",
+    "test_ge_adapter_fake",
 })
+# Modules of the real Grid Engine (scripts/gridengine-up): the gridengine lane. A module
+# that also uses the host's Slurm cluster holds the host lane's lock (``ALL_CLUSTERS``'s
+# rule, ``HOST_LANE_LOCK``).
+GRIDENGINE = frozenset({"test_ge_adapter", "test_ge_daemon", "test_ge_faults",
+                        "test_ge_mixed"})
 _PG_FIXTURES = frozenset({"pg_url", "pg_store", "any_store"})
 # Modules that use every cluster at once (the host's and both chroot clusters, and
 # PostgreSQL): they run last in the chroot lane, once its own tests are done, holding the
 # host lane's lock (``_host_lane_lock``) so that no host-lane module runs beside them.
 ALL_CLUSTERS = frozenset({"test_e2e_clusters"})
+# gridengine-lane modules that drive the host's Slurm cluster too: they hold its lock
+BOTH_KINDS = frozenset({"test_ge_mixed"})
 HOST_LANE_LOCK = Path("/tmp/dispatch-host-lane.lock")
 
 
@@ -98,6 +110,8 @@ def lane(item: pytest.Item) -> str:
     version = callspec.params.get("slurm_version") if callspec is not None else None
     if _module_name(item) in ALL_CLUSTERS:
         return "chroot"
+    if _module_name(item) in GRIDENGINE:
+        return "gridengine"
     if version in CHROOT_VERSIONS and not _uses_postgres(item):
         return "chroot"
     if _module_name(item) in CLUSTER_FREE and not _uses_postgres(item):
@@ -123,7 +137,8 @@ def _host_lane_lock(request: pytest.FixtureRequest) -> Iterator[None]:
     (no ``--lane``) the modules run one after another anyway."""
     name = request.module.__name__.rsplit(".", 1)[-1]
     wanted = request.config.getoption("--lane")
-    if wanted is None or name in CLUSTER_FREE or (wanted != "host" and name not in ALL_CLUSTERS):
+    if wanted is None or name in CLUSTER_FREE or (
+            wanted != "host" and name not in ALL_CLUSTERS | BOTH_KINDS):
         yield
         return
     with HOST_LANE_LOCK.open("a") as handle:

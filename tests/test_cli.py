@@ -35,6 +35,22 @@ def test_dry_run_prints_a_start_script(tmp_path: Path,
     assert "--job-name=dj-" in out
 
 
+def test_dry_run_on_a_grid_engine_cluster_prints_its_qsub(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The job's cluster (or the default one) chooses the Start script's kind."""
+    config = tmp_path / "c.toml"
+    config.write_text('[[clusters]]\nname = "lab"\n[[clusters]]\nname = "sge"\n'
+                      'kind = "gridengine"\n')
+    code, out, _ = _run(["--config", str(config), "submit",
+                         _write(tmp_path, {**GOOD, "cluster": "sge"}), "--dry-run",
+                         "--job-id", JOB_ID, "--gate"], capsys)
+    assert code == 0
+    assert f"J=$(qsub -terse -N dj-{JOB_ID} -A 'dispatch;s=1;a=0' -h " in out
+    code, out, _ = _run(["--config", str(config), "submit", _write(tmp_path, GOOD),
+                         "--dry-run"], capsys)
+    assert code == 0 and "sbatch" in out and "qsub" not in out
+
+
 def test_gate_and_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(["submit", _write(tmp_path, GOOD), "--dry-run", "--job-id", JOB_ID,
                          "--submission", "5", "--attempt", "2", "--gate"], capsys)

@@ -22,6 +22,7 @@ from controller.config import (
     ClusterEntry,
     Config,
     Key,
+    SchedulerKind,
     TransportKind,
     keys,
     load_config,
@@ -139,7 +140,8 @@ def test_every_documented_key_through_the_decoder() -> None:
     config = parse_config(doc)
     assert config == Config()
     shown = config.redacted()
-    assert shown.pop("clusters") == [{"name": "lab", **{g: shown[g] for g in ENTRY_GROUPS}}]
+    assert shown.pop("clusters") == [{"name": "lab", "kind": "slurm",
+                                      **{g: shown[g] for g in ENTRY_GROUPS}}]
     assert {f"{g}.{k}" for g, table in shown.items() for k in table} == set(documented)
     for dotted, literal in documented.items():
         group, key = dotted.split(".")
@@ -486,7 +488,7 @@ def test_redacted_lists_the_entries() -> None:
     assert shown["clusters"][1]["transport"]["host"] == "g"
     assert shown["clusters"][1]["transport"]["kind"] == "ssh"
     assert shown["clusters"][0]["transport"] == shown["transport"]
-    assert set(shown["clusters"][0]) == {"name", *ENTRY_GROUPS}
+    assert set(shown["clusters"][0]) == {"name", "kind", *ENTRY_GROUPS}
 
 
 def test_redacted_masks_secrets_inside_entries(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -529,13 +531,37 @@ def test_the_defaults_file_shows_a_clusters_example() -> None:
     commented = "\n".join(f"# {line}".rstrip() for line in CLUSTERS_EXAMPLE.splitlines())
     assert commented in render_toml()
     config = parse_config(tomllib.loads(CLUSTERS_EXAMPLE))
-    assert config.cluster_names == ("cpu", "gpu")
+    assert config.cluster_names == ("cpu", "gpu", "sge")
     assert config.cluster_named("gpu").defaults.partition == "gpu"
+    assert config.cluster_named("sge").kind is SchedulerKind.GRIDENGINE
+    assert config.cluster_named("sge").gridengine.queue == "all.q"
     # uncommented in the defaults file, in place of [cluster], it is accepted as it is
     defaults = tomllib.loads(render_toml())
     del defaults["cluster"]
     assert parse_config({**defaults, **tomllib.loads(CLUSTERS_EXAMPLE)}).cluster_names == (
-        "cpu", "gpu")
+        "cpu", "gpu", "sge")
+
+
+def test_a_cluster_names_its_scheduler_kind() -> None:
+    """``kind`` on the cluster itself ([cluster] or each [[clusters]] entry), slurm by
+    default; one deployment may mix both kinds; ``transport.kind`` is another key."""
+    assert Config().default_cluster.kind is SchedulerKind.SLURM
+    one = parse_config({"cluster": {"name": "ge", "kind": "gridengine"},
+                        "gridengine": {"queue": "dispatch.q"}})
+    assert one.default_cluster.kind is SchedulerKind.GRIDENGINE
+    assert one.default_cluster.gridengine.queue == "dispatch.q"
+    mixed = parse_config(_entries({"name": "s"}, {"name": "g", "kind": "gridengine",
+                                                  "gridengine": {"pe": "mpi"}}))
+    assert [c.kind for c in mixed.clusters] == [SchedulerKind.SLURM, SchedulerKind.GRIDENGINE]
+    assert mixed.cluster_named("g").gridengine.pe == "mpi"
+    assert mixed.cluster_named("s").gridengine.pe == "smp"
+    assert parse_config(tomllib.loads(render_toml(mixed))) == mixed
+    with pytest.raises(ErrInvalid, match=r"clusters\[1\]\.kind"):
+        parse_config(_entries({"name": "s"}, {"name": "g", "kind": "lsf"}))
+    with pytest.raises(ErrInvalid, match=r"cluster\.kind"):
+        parse_config({"cluster": {"kind": "gridengine"}, **_entries({"name": "s"})})
+    with pytest.raises(ErrInvalid, match=r"gridengine\.queue"):
+        parse_config({"gridengine": {"queue": "a b"}})
 
 
 def test_the_readme_documents_the_clusters() -> None:

@@ -39,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
     table = COMMANDS if commands is None else commands
-    parser = _Parser(prog=PROG, description="Run desired batch jobs on Slurm.")
+    parser = _Parser(prog=PROG, description="Run desired batch jobs on Slurm and Grid "
+                                                "Engine clusters.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     # --config goes before the command or after it (as kubectl takes its global flags);
     # after it wins

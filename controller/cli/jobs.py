@@ -29,7 +29,6 @@ from controller.model.ids import new_job_id, parse_job_id
 from controller.model.job import Desired
 from controller.model.obs import StartRequest
 from controller.slurm.naming import MAX_SUBMISSION
-from controller.slurm.script import render_start_script
 from controller.store import repo
 from controller.store.lease import DEFAULT_LEASE
 
@@ -76,7 +75,11 @@ def _submit(args: argparse.Namespace, streams: Streams) -> int:
     if args.dry_run:
         request = StartRequest(job_id=job_id, generation=1, submission=submission,
                                attempt=attempt, spec=job.spec, gate=args.gate)
-        streams.stdout.write(render_start_script(request, config.start_settings()))
+        from controller import wiring
+
+        cluster = (config.cluster_named(job.spec.clusters[0]) if job.spec.clusters
+                   else config.default_cluster)
+        streams.stdout.write(wiring.render_start(cluster, request))
         return EXIT_OK
     policy = read_policy(args.policy) if args.policy else None
     with open_client(config) as client:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 from typing import Any
 
@@ -67,7 +66,6 @@ def _preflight(args: argparse.Namespace, streams: Streams) -> int:
     daemon needs or cannot be reached."""
     from controller import wiring
     from controller.config import ClusterEntry
-    from controller.slurm.adapter import preflight_problems
 
     config = config_of(args)
     clusters = ([config.cluster_named(name) for name in args.cluster] if args.cluster
@@ -76,12 +74,11 @@ def _preflight(args: argparse.Namespace, streams: Streams) -> int:
     async def check(cluster: ClusterEntry) -> tuple[dict[str, Any], list[str]]:
         runner = wiring.build_runner(cluster)
         try:
-            found = await wiring.build_adapter(cluster, runner).preflight()
+            return await wiring.build_adapter(cluster, runner).preflight_report()
         except DispatchError as exc:
             return {}, [f"cannot check: {exc}"]
         finally:
             await runner.close()
-        return dataclasses.asdict(found), preflight_problems(found)
 
     results = {cluster.name: asyncio.run(check(cluster)) for cluster in clusters}
     several = len(results) > 1
@@ -175,8 +172,8 @@ def _owner(args: argparse.Namespace, streams: Streams) -> int:
 
 COMMANDS: dict[str, Command] = {
     "logs": Command("print a job's output", _configure_logs, _logs),
-    "preflight": Command("check what the Slurm cluster supports", _configure_preflight,
-                         _preflight),
+    "preflight": Command("check what each cluster (Slurm or Grid Engine) supports",
+                         _configure_preflight, _preflight),
     "owner": Command("show (or --take) which database owns each cluster's jobs",
                      _configure_owner, _owner),
 }

@@ -175,7 +175,11 @@ def same_object(ref: ObjectRef, obs: ObjectObs) -> bool:
 
 def counts_as_ended(obs: ObjectObs) -> bool:
     """Whether an object is over. A state word the adapter does not know, read while
-    slurmctld still holds the job (ENDED, cause UNKNOWN, live), is not: it may well run."""
+    slurmctld still holds the job (ENDED, cause UNKNOWN, live), is not: it may well run.
+    One listed running whose host and processes the adapter found gone (RUNNING,
+    cause NODE_LOST: Grid Engine keeps such jobs 'r') is."""
+    if obs.state == State.RUNNING and obs.cause.kind == CauseKind.NODE_LOST:
+        return True
     return obs.state == State.ENDED and not (
         obs.cause.kind == CauseKind.UNKNOWN and obs.source == Source.LIVE)
 
@@ -681,6 +685,12 @@ def _follow_current(b: _Builder, obs: ObjectObs | None, observed: Observed) -> N
             return
     if obs.state == State.ENDED:
         _ended(b, obs)
+        return
+    if obs.state == State.RUNNING and obs.cause.kind == CauseKind.NODE_LOST:
+        # listed running, but its host is gone and so are its processes (the adapter
+        # checked; Grid Engine keeps such jobs 'r'): this object is over
+        b.actions.append(Cancel(job.job_id, ref, CauseKind.NODE_LOST))
+        _finish_object(b, obs.cause, exit_code=None, nodes=obs.nodes or job.nodes)
         return
     if job.phase in TERMINAL_PHASES and job.phase != Phase.REJECTED:
         # a finished job whose object came back (requeue by someone else): follow it

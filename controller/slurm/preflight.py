@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 from dataclasses import asdict
+from typing import Any
 
 from controller.errors import TransientError
 from controller.slurm import script
@@ -149,3 +150,9 @@ class Preflight(AdapterBase):
         caps = await self.preflight()
         log.info("preflight: what the cluster supports", extra={"capabilities": asdict(caps)})
         return preflight_problems(caps)
+
+    async def preflight_report(self) -> tuple[dict[str, Any], list[str]]:
+        """Preflight as ``dispatchctl preflight`` shows it: what the cluster supports (a
+        plain dict) and what the daemon needs and it lacks."""
+        caps = await self.preflight()
+        return {"kind": "slurm", **asdict(caps)}, preflight_problems(caps)
