@@ -100,9 +100,11 @@ class Daemon:
         self.membership = membership if membership is not None else Membership(
             store, holder=self.shards[0].lease.holder, ttl_s=d.lease_ttl_s, clock=clock)
         self._take_lock = threading.Lock()  # one take at a time (``_take_now``)
+        shadow_slot = asyncio.Lock()  # one shadow tick at a time (``Shard.shadow_slot``)
         for shard in self.shards:
             shard.may_take = self._may_take
             shard.idle = self._idle
+            shard.shadow_slot = shadow_slot
             shard.take = self._take
             shard.on_moved = self._wake_clusters
         self.stop_event = asyncio.Event()

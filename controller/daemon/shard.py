@@ -75,6 +75,11 @@ class Shard:
         # goes unrenewed), at every tick while it does (``daemon.standby_shadow_s``)
         self.shadow_s = shadow_s
         self._shadow_due = 0.0
+        # one shadow tick at a time in a daemon (``Daemon`` shares one lock among its
+        # shards): a standby of ten shards warms them one after the other, never all at
+        # once on cycles its takes and its own shards need; a shard whose turn is taken
+        # skips (it never waits holding its own loop)
+        self.shadow_slot = asyncio.Lock()
         self.preflight = preflight
         self.may_take = may_take
         # the daemon holds no shard (``Daemon._idle``): periodic shadow ticks allowed
@@ -128,12 +133,13 @@ class Shard:
             if not leader:
                 self._standing_by()
                 near = self._takeover_near()
-                if self.may_take() and (near or (
+                if self.may_take() and not self.shadow_slot.locked() and (near or (
                         self.shadow_s > 0 and self.idle()
                         and self.clock() >= self._shadow_due)):
                     # keep warm: the first tick as leader starts from memory
                     self._shadow_due = self.clock() + self.shadow_s
-                    await self.reconciler.shadow(until=self._shadow_over(near))
+                    async with self.shadow_slot:
+                        await self.reconciler.shadow(until=self._shadow_over(near))
                 return
             if self.lease.epoch != self._held_epoch:
                 # another leader may have acted meanwhile: what only a leader's own

@@ -329,9 +329,10 @@ class Memory:
         known = self.validated  # (load_tracked adds to the cache it is given: a copy)
         cache = {job_id: known[job_id] for job_id in missing if job_id in known}
         with self.store.transaction() as tx:
-            rows = {job.state.job_id: job
-                    for job in repo.load_tracked(tx, self.cluster, ids=missing,
-                                                 cache=cache)}
+            fetched = repo.fetch_tracked(tx, ids=missing)
+        # built after the read's transaction ended (``repo.Fetched``)
+        rows = {job.state.job_id: job
+                for job in repo.build_tracked(fetched, self.cluster, cache=cache)}
         report.reloaded += len(rows)
         self.generation += 1  # (validity and placement are learned here)
         kept: list[Todo] = []

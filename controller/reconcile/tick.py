@@ -217,6 +217,9 @@ class Reconciler:
             report.slurm_ok = False
             report.errors.append(f"shadow read: {exc}")
             log.info("shadow tick: read failed", extra={"error": str(exc)})
+        except Exception as exc:  # a standby's bug never stops its shard's loop
+            report.errors.append(f"shadow: {exc}")
+            log.exception("shadow tick crashed")
         report.duration_s = self.timer() - began
         return report
 

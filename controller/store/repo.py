@@ -507,19 +507,42 @@ def row_versions_maintained(tx: Session) -> bool:
 def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
                  ids: Collection[str] | None = None) -> list[LoadedJob]:
     """Every job the controller still has to reconcile (no status yet, or not terminal);
-    with ``ids``, only those of them.
+    with ``ids``, only those of them (``fetch_tracked``, then ``build_tracked``).
 
     ``cache`` (owned by the caller, kept across ticks) skips re-validating rows whose
     version did not move.
     """
+    return build_tracked(fetch_tracked(tx, ids=ids), cluster, cache=cache)
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """The rows of ``fetch_tracked``, not built yet: the transaction that read them may end
+    before they are validated (a PostgreSQL session idle inside a transaction while the
+    rows are built would meet ``idle_in_transaction_session_timeout`` on a loaded host)."""
+
+    rows: list[Any]
+    abandoned: dict[str, set[int]]
+
+
+def fetch_tracked(tx: Session, *, ids: Collection[str] | None = None) -> Fetched:
+    """The tracked jobs' rows (``load_tracked``) and their abandoned submissions: every
+    statement at once, nothing built."""
     query = (select(Job.id, Job.spec, Job.policy, Job.desired, Job.generation, Job.version,
                     JobStatus.job_id.label("has_status"), JobStatus.version.label("sv"),
                     *(JobStatus.__table__.c[name] for name in SAVED_COLUMNS))
              .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
-    if ids is None:
-        rows: Iterable[Any] = tx.execute(query)
-    else:
-        rows = _by_ids(tx, query, Job.id, list(ids))
+    found = tx.execute(query) if ids is None else _by_ids(tx, query, Job.id, list(ids))
+    rows = list(found)
+    with_status = [row.id for row in rows if row.has_status is not None]
+    return Fetched(rows, _abandoned_of(tx, with_status, whole=ids is None))
+
+
+def build_tracked(fetched: Fetched, cluster: str, *,
+                  cache: SpecCache | None = None) -> list[LoadedJob]:
+    """The ``LoadedJob`` of each fetched row (validated; ``cache`` as ``load_tracked``'s),
+    outside any transaction."""
+    rows = fetched.rows
     out: list[LoadedJob] = []
     end = _SAVED_FIRST + len(SAVED_COLUMNS)
     for row in rows:
@@ -555,29 +578,31 @@ def load_tracked(tx: Session, cluster: str, *, cache: SpecCache | None = None,
                                                 policy=policy),
                              previous=row_digest(row[_SAVED_FIRST:end]), version=row.version,
                              status_version=row.sv))
-    return _with_abandoned(tx, out, whole=ids is None)
+    found = fetched.abandoned
+    if not found:
+        return out
+    return [replace(job, state=replace(job.state, abandoned=frozenset(found[job.state.job_id])))
+            if job.state.job_id in found else job for job in out]
 
 
-def _with_abandoned(tx: Session, loaded: list[LoadedJob], *, whole: bool) -> list[LoadedJob]:
-    """Fill ``JobState.abandoned``: the submission numbers of each job whose intent was
-    abandoned (a late Slurm job of one is a duplicate, never adopted). Rare rows: one
-    query over them all on a whole load, one per ``_IN_CHUNK`` ids otherwise."""
-    with_status = [job.state.job_id for job in loaded if job.has_status]
+def _abandoned_of(tx: Session, with_status: list[str], *, whole: bool) -> dict[str, set[int]]:
+    """``JobState.abandoned`` of each job: the submission numbers whose intent was abandoned
+    (a late Slurm job of one is a duplicate, never adopted). Rare rows: one query over them
+    all on a whole load, one per ``_IN_CHUNK`` ids otherwise."""
+    found: dict[str, set[int]] = {}
     if not with_status:
-        return loaded
+        return found
     query = select(Submission.job_id, Submission.submission).where(
         Submission.status == "abandoned")
-    found: dict[str, set[int]] = {}
     if whole:
         parts: Iterable[Any] = tx.execute(query)
     else:
         parts = _by_ids(tx, query, Submission.job_id, with_status)
+    wanted = set(with_status)
     for job_id, number in parts:
-        found.setdefault(job_id, set()).add(int(number))
-    if not found:
-        return loaded
-    return [replace(job, state=replace(job.state, abandoned=frozenset(found[job.state.job_id])))
-            if job.state.job_id in found else job for job in loaded]
+        if job_id in wanted:
+            found.setdefault(job_id, set()).add(int(number))
+    return found
 
 
 def _status_state(row: Any, job_id: str, cluster: str, *, desired: Desired,
