@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,14 @@ class Client:
         """One job (ErrNotFound if there is none) or every job whose labels match."""
         with self.store.transaction() as tx:
             return repo.list_jobs(tx, job_id=job_id, selector=selector)
+
+    def views_by_ids(self, job_ids: Sequence[str]) -> dict[str, repo.JobView]:
+        """The views of the jobs among ``job_ids`` that exist, by id, read in one
+        transaction (one statement per 500 ids); ids of no job are left out."""
+        if not job_ids:
+            return {}
+        with self.store.transaction() as tx:
+            return {v.id: v for v in repo.list_jobs_by_ids(tx, job_ids)}
 
     def unowned(self, cluster: str | None = None) -> list[dict[str, Any]]:
         """The ``dj-`` Slurm jobs whose id this database never had (a neighbouring

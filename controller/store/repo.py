@@ -198,6 +198,14 @@ def list_jobs(tx: Session, *, job_id: str | None = None,
     return views
 
 
+def list_jobs_by_ids(tx: Session, job_ids: Sequence[str]) -> list[JobView]:
+    """The views of the jobs among ``job_ids`` that exist, in id order: one statement
+    per ``_IN_CHUNK`` ids (a workflow backend's status cycle over its active jobs)."""
+    query = select(Job, JobStatus).outerjoin(JobStatus, JobStatus.job_id == Job.id)
+    rows = _by_ids(tx, query, Job.id, sorted(set(job_ids)))
+    return sorted((_view(j, s) for j, s in rows), key=lambda v: v.id)
+
+
 def list_submissions(tx: Session, job_id: str) -> list[Submission]:
     return list(tx.scalars(select(Submission).where(Submission.job_id == job_id)
                            .order_by(Submission.submission)))
