@@ -74,6 +74,11 @@ class Executor(RemoteExecutor):  # type: ignore[misc]
                               labels=self._settings.labels, cluster=self._settings.cluster,
                               ignore=self._settings.ignore)
         self._client = Client(self._settings.database_url)
+        try:
+            self._client.require_schema()  # fail now, not at the first job
+        except DispatchError as exc:
+            self._client.close()
+            raise WorkflowError(f"dispatch: the daemon's database: {exc}") from exc
         state = os.path.join(self._workdir, ".snakemake", "dispatch")
         self._journal = Journal(Path(state, "journal"))
         self._log_root = os.path.join(state, "log")
