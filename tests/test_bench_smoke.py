@@ -28,6 +28,7 @@ SMOKE = {
     "bench/shards/run.py": "tests/test_bench_smoke.py::test_bench_shards",
     "bench/burst/run.py": "tests/test_bench_cluster.py::test_bench_burst",
     "bench/submit": "tests/test_bench_cluster.py::test_bench_submit",
+    "bench/workflows/run.py": "tests/test_bench_cluster.py::test_bench_workflows",
 }
 
 

@@ -19,7 +19,7 @@ Run as root with the cluster up (``scripts/slurm-up``); the job user ``dispatch`
 Snakemake (from ``.venv-jobs``, which must have the slurm plugin for ``slurm``:
 ``.venv-jobs/bin/pip install 'snakemake-executor-plugin-slurm>=2,<3'``). The dispatch
 daemon runs on a SQLite file with its default 5 s tick. ``--smoke`` is the small size the
-test command runs (``tests/test_bench_workflows.py``).
+test command runs (``tests/test_bench_cluster.py``).
 """
 
 from __future__ import annotations
