@@ -79,7 +79,7 @@ CLUSTER_FREE = frozenset({
     "test_adapter_owner", "test_change_feed", "test_warm_takeover", "test_bench_smoke",
     "test_ge_parse", "test_ge_script", "test_plan_listed_dead", "test_ge_verify",
     "test_ge_adapter_fake", "test_snakemake_mapping", "test_snakemake_journal",
-    "test_client_views_by_ids", "test_snakemake_refusals",
+    "test_client_views_by_ids", "test_snakemake_refusals", "test_snakemake_journal_resume",
 })
 # Modules of the real Grid Engine (scripts/gridengine-up): the gridengine lane. A module
 # that also uses the host's Slurm cluster holds the host lane's lock (``ALL_CLUSTERS``'s
