@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A lane that ``scripts/test`` starts in the background inherits SIGINT ignored (a
+    # non-interactive shell's background job), and so would every program a test starts:
+    # a Snakemake sent Ctrl-C by a test went on running. The tests' processes get SIGINT's
+    # default back (a handler is reset to the default at exec; an ignored signal is not).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.getoption("--update-golden"):
         os.environ["UPDATE_GOLDEN"] = "1"
 

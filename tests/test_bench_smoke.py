@@ -69,7 +69,9 @@ def test_bench_tick() -> None:
 def test_bench_failover() -> None:
     out = run_bench("bench/failover", "--sizes", "300", "--ttl", "6", "--interval", "1")
     (row,) = [line for line in out.splitlines() if line.split()[:1] == ["300"]]
-    assert row.split()[-1] == "sbatch", out  # the new leader's first write: the new job
+    warm, cold = row.split("|")  # the warm takeover, then the cold one's columns
+    assert warm.split()[-1] == "sbatch", out  # the new leader's first write: the new job
+    assert len(cold.split()) == 3, out
 
 
 def test_bench_shards(pg_url: str) -> None:
