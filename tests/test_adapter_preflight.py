@@ -50,6 +50,11 @@ class _FakeAdapter:
     async def preflight(self) -> Capabilities:
         return self.caps
 
+    async def preflight_report(self) -> tuple[dict[str, Any], list[str]]:
+        """As ``SlurmAdapter.preflight_report`` (``dispatchctl preflight`` asks for it)."""
+        caps = await self.preflight()
+        return {"kind": "slurm", **dataclasses.asdict(caps)}, preflight_problems(caps)
+
 
 class _NoRunner:
     async def close(self) -> None:

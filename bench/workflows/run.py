@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases = [ph for ph in phases if ph[0] == "dispatch"]
     if not (JOBS_VENV / "bin" / "snakemake").exists():
         parser.error(f"{JOBS_VENV} has no snakemake (scripts/test builds it)")
-    if "slurm" in plugins and not list(JOBS_VENV.glob(
+    if any(plugin == "slurm" for plugin, _ in phases) and not list(JOBS_VENV.glob(
             "lib/python3*/site-packages/snakemake_executor_plugin_slurm")):
         parser.error(f"{JOBS_VENV} has no snakemake-executor-plugin-slurm: "
                      f"{JOBS_VENV}/bin/pip install 'snakemake-executor-plugin-slurm>=2,<3'")
