@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from controller.model.ids import is_job_id
 from controller.model.obs import ObjectObs, State
 from controller.reconcile import placement
 from controller.reconcile.gauges import Gauge, job_gauge
@@ -152,6 +153,14 @@ class Memory:
 
     def gauges(self) -> Iterator[Gauge | None]:
         return (m.gauge for m in self.memos.values())
+
+    def wanted(self) -> list[str]:
+        """The ids the live read asks for: the rows not validated yet too (their
+        observations are ignored if they turn out invalid); never a malformed id, nor a
+        job another cluster's shard plans."""
+        return [job_id for job_id, memo in self.memos.items()
+                if not memo.elsewhere and (
+                    memo.valid or (memo.valid is None and is_job_id(job_id)))]
 
     def unchecked(self) -> list[str]:
         """The tracked jobs whose rows were not validated yet."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from controller.model.ids import is_job_id
 from controller.reconcile.memory import Memory, Todo
 from controller.reconcile.plan import Observed, Plan, PlanContext, needs_accounting, plan
 from controller.reconcile.ports import SchedulerPort
@@ -38,10 +37,8 @@ async def shadow(memory: Memory, adapter: SchedulerPort, ctx: PlanContext, *, ch
     """One shadow tick (module docstring), a chunk of plans at a time until ``spent()``
     (the rest is planned by the next one). Raises the live read's ``DispatchError``."""
     memory.begin()
-    memos = memory.track(report)
-    wanted = [job_id for job_id, memo in memos.items()
-              if not memo.elsewhere and (memo.valid or (memo.valid is None
-                                                        and is_job_id(job_id)))]
+    memory.track(report)
+    wanted = memory.wanted()
     report.tracked = len(wanted)
     epoch = memory.plan_epoch(ctx)
     live = await adapter.find_many(wanted)

@@ -324,9 +324,7 @@ class Reconciler:
         memos = self.memory.track(report)
         known = self._wanted
         if known is None or known[0] != self.memory.generation:
-            wanted = [job_id for job_id, memo in memos.items()
-                      if not memo.elsewhere and (
-                          memo.valid or (memo.valid is None and is_job_id(job_id)))]
+            wanted = self.memory.wanted()
             tracked = len(memos) - sum(1 for memo in memos.values() if memo.elsewhere)
             self._wanted = known = (self.memory.generation, wanted, tracked)
         _, wanted, report.tracked = known
