@@ -17,8 +17,10 @@ def test_bench_burst() -> None:
 
 
 def test_bench_submit() -> None:
-    out = run_bench("bench/submit", "--jobs", "5", "--concurrency", "5", timeout=300)
-    assert "raw-sbatch" in out, out
+    out = run_bench("bench/submit", "--smoke", timeout=300)
+    for line in ("raw-sbatch", "local-start / raw-sbatch", "ssh-start / ssh-per-job",
+                 "cancelled 20 jobs"):
+        assert line in out, out
 
 
 def test_bench_workflows() -> None:
