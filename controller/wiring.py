@@ -27,7 +27,6 @@ from controller.model.obs import ObjectRef, StartRequest
 from controller.reconcile.ports import SchedulerPort
 from controller.runner.base import RateLimiter, Runner
 from controller.runner.local import LocalRunner
-from controller.runner.ssh import SSHRunner
 from controller.slurm import script as slurm_script
 from controller.slurm.adapter import SlurmAdapter
 from controller.store.db import Store
@@ -74,6 +73,9 @@ def build_runner(cluster: ClusterEntry, *,
     rate = cluster.slurm.rate_per_s
     limiter = RateLimiter(rate=rate, burst=max(1, int(rate)))
     if t.kind is TransportKind.SSH:
+        # (imported here: a daemon on the local transport never loads asyncssh)
+        from controller.runner.ssh import SSHRunner
+
         assert t.host is not None
         known_hosts = t.known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
         keys = [os.path.expanduser(t.key_file)] if t.key_file else []

@@ -164,3 +164,42 @@ def test_a_queue_longer_than_a_block_is_read_whole() -> None:
     assert [obs.ref.id for job_id in jobs for obs in found[job_id]] == [
         100 + i for i in range(len(jobs))]
     assert len(adapter._live_rows) == len(jobs)
+
+
+def test_rows_that_left_the_queue_are_forgotten_the_others_kept_in_place() -> None:
+    """The row memory is updated in place (no new 100k-entry dict per read): a read
+    that lost a few rows drops just those and keeps the same dict and observations; one
+    that lost most of them gets a smaller dict; a row seen again after it left is
+    classified afresh. No job id string is kept per row."""
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    jobs = ULIDS[:8]
+    runner.text = "".join(row(11 + i, job_id) + "\n" for i, job_id in enumerate(jobs))
+    first = asyncio.run(adapter.find_many(jobs))
+    rows = adapter._live_rows
+    assert len(rows) == 8 and not any(isinstance(r.named, str) for r in rows.values())
+    runner.text = "".join(row(11 + i, job_id) + "\n" for i, job_id in enumerate(jobs)
+                          if i != 3)  # one left
+    again = asyncio.run(adapter.find_many(jobs))
+    assert adapter._live_rows is rows and hash(row(14, jobs[3])) not in rows
+    assert len(rows) == 7 and again[jobs[3]] == ()
+    assert all(again[j] is first[j] for j in jobs if j != jobs[3])
+    runner.text = row(11, jobs[0]) + "\n" + row(14, jobs[3]) + "\n"  # most left; one back
+    last = asyncio.run(adapter.find_many(jobs))
+    assert adapter._live_rows is not rows
+    assert set(adapter._live_rows) == {hash(row(11, jobs[0])), hash(row(14, jobs[3]))}
+    assert last[jobs[0]] is first[jobs[0]] and last[jobs[3]] is not first[jobs[3]]
+    assert last[jobs[3]][0] == first[jobs[3]][0]  # (classified again: the same answer)
+    assert [j for j in jobs if last[j]] == [jobs[0], jobs[3]]
+
+
+def test_another_users_row_named_like_ours_is_remembered_by_its_name() -> None:
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    a, b = ULIDS[:2]
+    other = row(12, b).replace("|dispatch|", "|mallory|", 1)
+    runner.text = row(11, a) + "\n" + other + "\n"
+    for _ in range(2):
+        got = asyncio.run(adapter.find_many([a, b]))
+        assert len(got[a]) == 1 and got[b] == ()
+        assert adapter._live_rows[hash(other)].named == "dj-" + b

@@ -76,6 +76,23 @@ class Todo:
     outcomes: tuple[Outcome, ...] = ()  # the action outcomes its plan was given
 
 
+class LastRead:
+    """The dispatch job ids that had an object of ours in one complete live read: the
+    read's own mapping (its jobs with any observation) and its strays, kept as they are
+    -- no set of 100k ids is built per tick (the read's mapping exists anyway)."""
+
+    __slots__ = ("_live", "_strays")
+
+    def __init__(self, live: Mapping[str, Sequence[ObjectObs]],
+                 strays: Mapping[str, object]) -> None:
+        self._live = live
+        self._strays = strays
+
+    def __contains__(self, job_id: object) -> bool:
+        return (isinstance(job_id, str)
+                and (bool(self._live.get(job_id)) or job_id in self._strays))
+
+
 def newest_first(item: Todo) -> int:
     """Rows that are new or moved since the last tick before older ones: a row written
     during a burst is planned (and submitted) in the next tick's slice, not after the
@@ -360,8 +377,13 @@ class Memory:
                     continue
                 item.row = job
                 # the row as read now is what this tick plans (it may have moved again
-                # since the versions were read: then the next tick plans it once more)
-                memo.version, memo.status_version = job.version, job.status_version
+                # since the versions were read: then the next tick plans it once more);
+                # equal numbers keep the objects the memo has (a new leader's 100k
+                # replaced ints would leave their heap in holes)
+                if memo.version != job.version:
+                    memo.version = job.version
+                if memo.status_version != job.status_version:
+                    memo.status_version = job.status_version
                 memo.valid = job.state.spec is not None
             kept.append(item)
         return kept

@@ -76,7 +76,7 @@ from controller.model.obs import (
 )
 from controller.reconcile import gauges, standby
 from controller.reconcile.apply import Applier
-from controller.reconcile.memory import NO_OBS, Memo, Memory, Todo, newest_first
+from controller.reconcile.memory import NO_OBS, LastRead, Memo, Memory, Todo, newest_first
 from controller.reconcile.outcomes import OutcomeBook
 from controller.reconcile.ownership import Owner, Sweeper
 from controller.reconcile.placement import Clusters
@@ -161,7 +161,7 @@ class Reconciler:
                                here=self.here)
         # the dispatch job ids that had any object of ours in the last complete live read
         # of this leadership; None: none yet (``_fresh``)
-        self._seen: set[str] | None = None
+        self._seen: LastRead | None = None
         # the ids Started since the read behind ``_seen`` began (``Applier.starts`` of
         # that tick and the next): their objects may be missing from that read
         self._started_before_read: set[str] = set()
@@ -395,8 +395,7 @@ class Reconciler:
             else:
                 self.slurm_ok = True
                 self.metrics.slurm_up.set(1)
-                self._seen = {job_id for job_id, seen in live.items() if seen}
-                self._seen.update(strays)
+                self._seen = LastRead(live, strays)
             report.timings["read"] = (read_done[0] if read_done
                                       else self.timer()) - t0
         return None if live is None else (live, strays, fresh, slots)

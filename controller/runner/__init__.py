@@ -10,11 +10,30 @@ or a POSIX sh script and get a ``CommandResult`` back:
 A non-zero exit status is a result, not an error: the caller classifies it.
 Timeouts and transport failures raise ``TransientError`` (outcome unknown);
 malformed argv raises ``ErrInvalid``.
+
+The SSH names are imported on first use: asyncssh and cryptography cost a process 15 MB
+of memory, which a daemon on the local transport never needs.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from controller.runner.base import CommandResult, Observer, RateLimiter, Runner
 from controller.runner.local import LocalRunner
-from controller.runner.ssh import HostKeyError, SSHAuthError, SSHRunner, SSHSetupError
+
+if TYPE_CHECKING:
+    from controller.runner.ssh import HostKeyError, SSHAuthError, SSHRunner, SSHSetupError
+
+_SSH_NAMES = frozenset({"HostKeyError", "SSHAuthError", "SSHRunner", "SSHSetupError"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _SSH_NAMES:
+        return getattr(importlib.import_module("controller.runner.ssh"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CommandResult",

@@ -34,12 +34,28 @@ SACCT_ARG_LIMIT: Final = 100_000  # bytes of the ``-j`` list per sacct call
 # A row of ours in squeue/sacct text: the id, then a discovery-shaped name, then '|'.
 _OUR_ROW = re.compile(r"([0-9]+)\|(dj-[0-9A-Z]{26})\|")
 
-# find_many's memory of one squeue row: (its job id, its observation or None for another
-# user's job, the second it was classified, the second from which it may no longer hold,
-# and the one-element tuple find_many hands out for it -- kept with the row, so a steady
-# read builds no new container per job, nothing for the cyclic collector to promote).
-# It is kept by the row's ``hash``, not by the row's text (``_classified_rows``).
-_RowMemo = tuple[str, ObjectObs | None, int, int, tuple[ObjectObs, ...]]
+class _Row:
+    """find_many's memory of one squeue row, kept by the row's ``hash``, not by its text
+    (``_classified_rows``): what it names, the second it was classified, the second from
+    which it may no longer hold, and the last read that saw it.
+
+    What it names is, for a row of ours, the one-element tuple of its observation that
+    find_many hands out for it (kept with the row, so a steady read builds no new
+    container per job, nothing for the cyclic collector to promote; the job is its ref's
+    ``uid``); for another user's row named like ours, that name. No job id string is kept
+    per row (at 100k rows that was 7 MB of copies of ids held elsewhere), and the rows
+    are updated in place, read by read (a new 100k-entry dict per read left 5 MB of
+    freed heap behind each time)."""
+
+    __slots__ = ("made", "named", "read", "until")
+
+    def __init__(self, named: tuple[ObjectObs] | str, made: int, until: int) -> None:
+        self.named = named
+        self.made = made
+        self.until = until
+        self.read = 0
+
+
 _FOREVER: Final = 2**63
 # find_many splits the squeue text into lines this many characters at a time (each block
 # ends just after a newline): a 100k-row read never holds all its lines at once.
@@ -81,13 +97,15 @@ class Reads(AdapterBase):
     """squeue and sacct reads of one cluster (module docstring)."""
 
     _identity_reads: Coalescer[int, SlurmJob | None]
-    _live_rows: dict[int, _RowMemo]
+    _live_rows: dict[int, _Row]
+    _reads: int
     _valid_ids: list[str]
 
     def _init_reads(self) -> None:
         # identity reads of concurrent callers, joined (coalesce)
         self._identity_reads = Coalescer(self._read_ours_many, limit=JOINED_LIMIT, parallel=2)
         self._live_rows = {}  # find_many's rows of the last read, by hash
+        self._reads = 0  # find_many's reads of squeue so far (``_Row.read``)
         self._valid_ids = []  # find_many's ids of the last call (checked)
 
     # ------------------------------------------------------------ live reads
@@ -220,8 +238,10 @@ class Reads(AdapterBase):
         A row's observation depends on the clock only through ``classify``'s comparisons
         of the start and end times with ``now`` (Slurm's estimates are None, a preemption
         grace ends): it holds from the second it was made until the first of those times
-        that was still ahead. A row that fails to parse raises as before and nothing is
-        remembered of that read.
+        that was still ahead. A row that fails to parse raises as before; the rows
+        classified before it are remembered (each is its own byte-identical text's
+        observation), and the rows of earlier reads that a read did not have are dropped
+        only once a read completes.
 
         The rows are remembered by their ``hash`` (a 64-bit SipHash, keyed per process),
         not by their text: a 100k-row queue's text is kept once, by the runner's result,
@@ -235,52 +255,71 @@ class Reads(AdapterBase):
         argv = ["squeue", "-h", "--me", "--states=all", "-O", squeue_format(columns)]
         result = await self._checked_run(argv, "squeue --me")
         now = self._now()
-        before = self._live_rows.get
-        remembered: dict[int, _RowMemo] = {}
+        self._reads += 1
+        read = self._reads
+        rows = self._live_rows
+        before = rows.get
+        kept = 0  # rows of this read remembered (each stamped ``read``)
         wanted = found.get
         share = Share()  # one copy of the values the observations made now have in common
         parser = dialects.SqueueLines(columns)  # each distinct field decoded once per read
+        skip = len(naming.NAME_PREFIX)
         for block in _blocks(result.stdout):
             for line in block.splitlines():
                 key = hash(line)
-                memo = before(key)
-                if (memo is None or not memo[2] <= now < memo[3]
-                        or not line.startswith(memo[0], line.find("|") + _NAME_AT)):
+                row = before(key)
+                if row is not None and row.made <= now < row.until:
+                    named = row.named
+                    name = named if isinstance(named, str) else named[0].ref.uid
+                    if not line.startswith(name, line.find("|") + 1):
+                        row = None  # (equal hashes of two jobs' rows)
+                else:
+                    row = None
+                if row is None:
                     match = _OUR_ROW.match(line)
                     if match is None or naming.job_id_of_name(match.group(2)) is None:
                         continue
-                    if (strays is None
-                            and match.group(2)[len(naming.NAME_PREFIX):] not in found):
+                    if strays is None and match.group(2)[skip:] not in found:
                         continue
-                    memo = self._classify_row(line, now, parser, share=share)
-                remembered[key] = memo
-                obs = memo[1]
-                if obs is not None:
-                    into = wanted(memo[0])
-                    if into is None:
-                        if strays is not None:
-                            strays.setdefault(memo[0], []).append(obs)
-                    elif into:  # (several objects of one job: duplicates, rare)
-                        found[memo[0]] = (*into, obs)
-                    else:
-                        found[memo[0]] = memo[4]
-        self._live_rows = remembered
+                    row = rows[key] = self._classify_row(line, now, parser, share=share)
+                if row.read != read:
+                    row.read = read
+                    kept += 1
+                named = row.named
+                if isinstance(named, str):
+                    continue  # another user's job
+                obs = named[0]
+                job_id = obs.ref.uid[skip:]
+                into = wanted(job_id)
+                if into is None:
+                    if strays is not None:
+                        strays.setdefault(job_id, []).append(obs)
+                elif into:  # (several objects of one job: duplicates, rare)
+                    found[job_id] = (*into, obs)
+                else:
+                    found[job_id] = named
+        if kept < len(rows):  # rows of earlier reads that this one did not have
+            if kept < len(rows) // 2:  # (a dict never shrinks: a smaller one)
+                self._live_rows = {key: row for key, row in rows.items() if row.read == read}
+            else:
+                for key in [key for key, row in rows.items() if row.read != read]:
+                    del rows[key]
 
     def _classify_row(self, line: str, now: int, parser: dialects.SqueueLines, *,
-                      share: Share | None = None) -> _RowMemo:
-        """One squeue row of ours: its job id, its observation (None: another user's job),
-        the second it was made, and the second from which it may no longer hold.
-        ``share`` (``classify``'s) gives the observation the values other rows have too."""
-        obs = None
-        until = _FOREVER
+                      share: Share | None = None) -> _Row:
+        """One squeue row of ours, remembered: what it names (its observation's
+        one-element tuple, or the name of another user's job), the second it was made,
+        and the second from which it may no longer hold. ``share`` (``classify``'s) gives
+        the observation the values other rows have too."""
         job = parser.line(line, 1)
-        name = job.name[len(naming.NAME_PREFIX):]
-        if job.user == self.user:
-            obs = self._observe(job, now=now, share=share)
-            expires = valid_until(job, now=now)  # classify's own clock rules
-            if expires is not None:
-                until = min(until, expires if share is None else share(expires))
-        return name, obs, now, until, (() if obs is None else (obs,))
+        if job.user != self.user:
+            return _Row(job.name, now, _FOREVER)
+        obs = self._observe(job, now=now, share=share)
+        until = _FOREVER
+        expires = valid_until(job, now=now)  # classify's own clock rules
+        if expires is not None:
+            until = min(until, expires if share is None else share(expires))
+        return _Row((obs,), now, until)
 
     async def inspect(self, ref: ObjectRef) -> ObjectObs:
         """The object ``ref`` names, from squeue, or from sacct once it has left squeue.
