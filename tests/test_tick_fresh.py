@@ -139,3 +139,39 @@ async def test_after_a_failed_read_new_rows_wait_for_a_read(sqlite_store: Store)
     await r.tick()
     assert fake.order == ["read", "read done", "start"]
 
+
+
+async def test_a_new_row_whose_name_the_last_read_saw_as_a_stray_is_adopted(
+        sqlite_store: Store) -> None:
+    """The database is restored from before a job existed while its object runs (no row,
+    no status, no tombstone: the object is a stray of the next read); a client writes the
+    row again. The last read saw its name among the strays, so it is planned after the
+    read, which adopts the running object: never a second sbatch."""
+    from sqlalchemy import text
+
+    clock = [NOW]
+    fake = SlowRead(clock)
+    job = add(sqlite_store)
+    r = rec(sqlite_store, fake, clock)
+    await r.tick()
+    fake.run_all_pending()
+    await r.tick()
+    (first,) = fake.jobs.values()
+    assert first.obs.state == State.RUNNING
+    with sqlite_store.transaction() as tx:  # the restore: nothing of the job is left
+        # (the tombstones last: deleting the row writes one)
+        for table in ("events", "submissions", "job_status", "jobs", "tombstones"):
+            column = "id" if table == "jobs" else "job_id"
+            tx.execute(text(f"DELETE FROM {table} WHERE {column} = :job"), {"job": job})
+        tx.execute(text("UPDATE change_seq SET n = 0"))  # (the restored feed's mark)
+    report = await r.tick()  # its object is a stray of this read: unknown, not swept
+    assert report.full_load and report.tracked == 0  # (the mark went back: all read)
+    assert report.actions["sweep"] == 0 and first.obs.state == State.RUNNING
+    add(sqlite_store, job)
+    fake.order.clear()
+    report = await r.tick()
+    assert "start" not in fake.order, fake.order
+    assert report.actions["submit"] == 0 and len(fake.jobs) == 1
+    with sqlite_store.transaction() as tx:
+        status = tx.scalar(select(JobStatus).where(JobStatus.job_id == job))
+        assert status is not None and status.slurm_job_id == first.obs.ref.id
