@@ -75,9 +75,6 @@ def _blocks(text: str, block: int = _BLOCK) -> Iterator[str]:
         start = end
 
 
-# where a row ``<id>|dj-<ULID>|...`` has the job id: this far after its first '|'
-_NAME_AT: Final = 1 + len(naming.NAME_PREFIX)
-
 
 def our_rows(text: str, *, names: Collection[str] | None = None) -> list[str]:
     """The lines of squeue/sacct text that start ``<id>|dj-<ULID>|`` (and, when ``names``
