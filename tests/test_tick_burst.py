@@ -265,3 +265,45 @@ async def test_a_slice_is_started_a_wave_at_a_time_while_the_next_is_planned(
     assert fake.most <= 6, fake.most
     assert submitted(fake) == burst
     assert {fake.jobs[sid].obs.state for sid in fake.jobs} == {State.PENDING}
+
+
+async def test_a_tick_past_its_budget_reads_the_rows_of_what_it_plans_only(
+        sqlite_store: Store) -> None:
+    """A new leader of many settled jobs, with a budget for one chunk per tick, reads the
+    status rows of the chunk it plans, not the current ref of every job it will plan in
+    later ticks: at 1M jobs that read (15 s) spent every tick's budget before any
+    planning, so a cold leader planned one chunk of 2,000 per 17 s tick (bench/failover
+    at 1M never finished). Each job is still planned, once its tick comes."""
+    from sqlalchemy import event
+
+    clock = [NOW]
+    fake = FakeSlurm(clock)
+    jobs = set(add(sqlite_store, 40))
+    first = rec(sqlite_store, fake, clock)
+    await first.tick()
+    fake.run_all_pending()
+    await first.tick()  # settled: every job running, its ref recorded
+    bound: list[int] = []
+
+    def count(conn: object, cursor: object, statement: str, parameters: object,
+              context: object, executemany: bool) -> None:
+        if "job_status" in statement:
+            rows = parameters if executemany else [parameters]
+            bound.append(sum(1 for row in rows  # type: ignore[union-attr]
+                             for value in (row.values() if isinstance(row, dict) else row)
+                             if value in jobs))
+
+    event.listen(sqlite_store.engine, "before_cursor_execute", count)
+    try:
+        r = rec(sqlite_store, fake, clock, budget_s=0.0, plan_chunk=5)
+        report = await r.tick()
+    finally:
+        event.remove(sqlite_store.engine, "before_cursor_execute", count)
+    assert report.planned == 5 and report.deferred == 35
+    assert sum(bound) <= 2 * 5, bound  # (the chunk's rows, read in full)
+    planned = report.planned
+    while planned < 40:
+        rep = await r.tick()
+        assert rep.planned >= 5
+        planned += rep.planned
+    assert fake.calls.count("start") == 40  # (nothing submitted again)

@@ -603,6 +603,13 @@ def needs_accounting(ref: ObjectRef | None, live: Sequence[ObjectObs]) -> bool:
         same_object(ref, obs) and not cancel_needs_accounting(obs) for obs in live)
 
 
+def live_settles_accounting(live: Sequence[ObjectObs]) -> bool:
+    """Whether squeue holds an object that, if it is the job's current one, makes its
+    accounting record unneeded (``needs_accounting`` is then False for that ref): a job
+    without one is read up front; a job with one needs its ref checked (its row)."""
+    return any(not cancel_needs_accounting(obs) for obs in live)
+
+
 def _current_observation(b: _Builder, ours: Sequence[ObjectObs],
                          observed: Observed) -> ObjectObs | None:
     cur = b.job.current

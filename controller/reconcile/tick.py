@@ -85,6 +85,7 @@ from controller.reconcile.plan import (
     Plan,
     PlanContext,
     Submit,
+    live_settles_accounting,
     needs_accounting,
     no_object_yet,
     plan,
@@ -266,9 +267,10 @@ class Reconciler:
             return
         live, strays, fresh, slots = read
         todo = self._select(live, now, epoch, planned=fresh, report=report)
-        acct, acct_ok = await self._read_accounting(todo, now, report)
-        await self._plan_all(todo, acct, acct_ok, ctx=ctx, epoch=epoch, slots=slots,
-                             report=report, began=began)
+        acct = await self._read_accounting(todo, now, report)
+        await self._plan_all(todo, acct, ctx=ctx, epoch=epoch, slots=slots, report=report,
+                             began=began)
+        self.metrics.accounting_up.set(1 if report.accounting_ok else 0)
         self.memory.end()
         t0 = self.timer()
         await self.sweeper.run(strays, memos, report=report, now=now, write=self._write,
@@ -417,22 +419,31 @@ class Reconciler:
         report.timings["select"] += self.timer() - t0
         return todo
 
-    async def _read_accounting(self, todo: Sequence[Todo], now: int, report: TickReport,
-                               ) -> tuple[dict[ObjectRef, ObjectObs], bool]:
+    async def _read_accounting(self, todo: Sequence[Todo], now: int,
+                               report: TickReport) -> dict[ObjectRef, ObjectObs]:
+        """One sacct read, before any plan, for the current objects that left squeue of
+        the jobs squeue shows no settling object of (``plan.live_settles_accounting``:
+        the jobs that ended, vanished or were cancelled -- few, however many are
+        tracked); their refs alone are read, not every job's (a new leader of 1M jobs
+        read every job's current ref first, 15 s, and its budget was spent before it
+        planned). The other jobs' refs are checked as their chunk's rows are read
+        (``_plan_all``)."""
         t0 = self.timer()
-        acct, acct_ok = await self._accounting(todo, now)
+        acct, acct_ok = await self._accounting(
+            [item for item in todo if not live_settles_accounting(item.seen)], now)
         report.accounting_ok = acct_ok
-        self.metrics.accounting_up.set(1 if acct_ok else 0)
         report.timings["read"] += self.timer() - t0
-        return acct, acct_ok
+        return acct
 
-    async def _plan_all(self, todo: list[Todo], acct: dict[ObjectRef, ObjectObs],
-                        acct_ok: bool, *, ctx: PlanContext, epoch: int, slots: int,
-                        report: TickReport, began: float) -> None:
+    async def _plan_all(self, todo: list[Todo], acct: dict[ObjectRef, ObjectObs], *,
+                        ctx: PlanContext, epoch: int, slots: int, report: TickReport,
+                        began: float) -> None:
         """Plan and apply ``todo`` a chunk at a time, until the tick's budget is spent:
         the first chunk always goes, whatever ``_fresh`` spent (jobs with a status --
         cancels, endings, resubmissions -- are never starved by a stream of new rows);
-        the rest waits for the next tick, at once (it reads Slurm again first)."""
+        the rest waits for the next tick, at once (it reads Slurm again first). A chunk
+        whose rows name a current object that left squeue and was not read up front (a
+        job squeue shows another object of: rare) gets its own accounting read."""
         chunk = max(1, self.settings.plan_chunk)
         for start in range(0, len(todo), chunk):
             if start and self._spent(began):
@@ -443,8 +454,14 @@ class Reconciler:
             t0 = self.timer()
             part = self.memory.with_rows(todo[start:start + chunk], report)
             report.timings["select"] += self.timer() - t0
-            slots = await self._plan_chunk(part, acct, acct_ok, ctx=ctx, epoch=epoch,
-                                           slots=slots, report=report)
+            t0 = self.timer()
+            more, more_ok = await self._accounting(
+                [item for item in part if not item.needs_accounting], ctx.now)
+            acct.update(more)
+            report.accounting_ok = report.accounting_ok and more_ok
+            report.timings["read"] += self.timer() - t0
+            slots = await self._plan_chunk(part, acct, report.accounting_ok, ctx=ctx,
+                                           epoch=epoch, slots=slots, report=report)
             del part  # this chunk's rows go now, not when the next chunk's replace them
             # let the loop run between chunks (other shards' ticks, lease renewals): a
             # long first tick is many short pieces, never one block
@@ -576,8 +593,9 @@ class Reconciler:
 
     async def _accounting(self, todo: Sequence[Todo],
                           now: int) -> tuple[dict[ObjectRef, ObjectObs], bool]:
-        """One sacct read for current objects that are not in squeue any more (of the jobs
-        planned this tick: a job whose current object is missing is never skipped)."""
+        """One sacct read for current objects of ``todo``'s jobs that are not in squeue
+        any more (a job whose current object is missing is never skipped); the refs of
+        the jobs whose rows are not read yet are read alone, a chunk at a time."""
         missing: list[ObjectRef] = []
         chunk = max(1, self.settings.plan_chunk)
         for start in range(0, len(todo), chunk):
