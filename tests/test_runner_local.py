@@ -383,9 +383,8 @@ def test_a_local_daemon_never_loads_asyncssh() -> None:
     """asyncssh and cryptography cost a process 15 MB (bench/tick's peak RSS at 100k jobs
     went from 199 to 185 MB without them): the CLI, the wiring and the runner package
     load them only when an SSH transport is built (or an SSH name is asked for)."""
-    import subprocess
-
-    code = ("import sys; import controller.cli.app, controller.cli.daemon, controller.wiring, controller.runner; "
+    code = ("import sys; import controller.cli.app, controller.cli.daemon, controller.wiring, "
+            "controller.runner; "
             "assert 'asyncssh' not in sys.modules, 'loaded'; "
             "from controller.runner import SSHRunner; "
             "assert 'asyncssh' in sys.modules and SSHRunner.__name__ == 'SSHRunner'")
