@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from controller.metrics import Metrics
 from controller.model.ids import new_job_id
@@ -20,7 +20,7 @@ from controller.reconcile.tick import Reconciler, TickSettings
 from controller.store import repo
 from controller.store.db import Store
 from controller.store.models import JobStatus
-from tests.fakeslurm import FakeSlurm
+from tests.fakeslurm import FakeJob, FakeSlurm
 
 DOC = {"command": ["true"], "workdir": "/tmp"}
 NOW = 1_800_000_000
@@ -62,6 +62,21 @@ def rec(store: Store, fake: FakeSlurm, clock: list[int]) -> Reconciler:
                       settings=TickSettings())
 
 
+async def one_running_job(store: Store) -> tuple[SlowRead, Reconciler, str, FakeJob]:
+    """A leader's reconciler with one job running (two ticks: submitted, then seen
+    running): the fake, the reconciler, the job id and its Slurm job."""
+    clock = [NOW]
+    fake = SlowRead(clock)
+    job = add(store)
+    r = rec(store, fake, clock)
+    await r.tick()
+    fake.run_all_pending()
+    await r.tick()
+    (first,) = fake.jobs.values()
+    assert first.obs.state == State.RUNNING
+    return fake, r, job, first
+
+
 async def test_a_new_row_is_submitted_while_the_read_runs(sqlite_store: Store) -> None:
     clock = [NOW]
     fake = SlowRead(clock)
@@ -100,15 +115,7 @@ async def test_a_row_written_again_under_the_same_id_adopts_its_running_object(
     """The row of a running job is deleted and written again with the same id before
     the next tick: it has no status row, but its name was in the last read, so it is
     planned after the read, which adopts the running object (no second run)."""
-    clock = [NOW]
-    fake = SlowRead(clock)
-    job = add(sqlite_store)
-    r = rec(sqlite_store, fake, clock)
-    await r.tick()
-    fake.run_all_pending()
-    await r.tick()
-    (first,) = fake.jobs.values()
-    assert first.obs.state == State.RUNNING
+    fake, r, job, first = await one_running_job(sqlite_store)
     with sqlite_store.transaction() as tx:
         repo.delete_job(tx, job)
     add(sqlite_store, job)
@@ -140,24 +147,13 @@ async def test_after_a_failed_read_new_rows_wait_for_a_read(sqlite_store: Store)
     assert fake.order == ["read", "read done", "start"]
 
 
-
 async def test_a_new_row_whose_name_the_last_read_saw_as_a_stray_is_adopted(
         sqlite_store: Store) -> None:
     """The database is restored from before a job existed while its object runs (no row,
     no status, no tombstone: the object is a stray of the next read); a client writes the
     row again. The last read saw its name among the strays, so it is planned after the
     read, which adopts the running object: never a second sbatch."""
-    from sqlalchemy import text
-
-    clock = [NOW]
-    fake = SlowRead(clock)
-    job = add(sqlite_store)
-    r = rec(sqlite_store, fake, clock)
-    await r.tick()
-    fake.run_all_pending()
-    await r.tick()
-    (first,) = fake.jobs.values()
-    assert first.obs.state == State.RUNNING
+    fake, r, job, first = await one_running_job(sqlite_store)
     with sqlite_store.transaction() as tx:  # the restore: nothing of the job is left
         # (the tombstones last: deleting the row writes one)
         for table in ("events", "submissions", "job_status", "jobs", "tombstones"):
