@@ -77,6 +77,21 @@ async def one_running_job(store: Store) -> tuple[SlowRead, Reconciler, str, Fake
     return fake, r, job, first
 
 
+async def written_again_and_adopted(store: Store, fake: SlowRead, r: Reconciler, job: str,
+                                    first: FakeJob) -> None:
+    """The job's row is written again; the next tick plans it after its read, which
+    adopts its running Slurm job: no Start, no second object."""
+    add(store, job)
+    fake.order.clear()
+    report = await r.tick()
+    assert "start" not in fake.order, fake.order
+    assert report.actions["submit"] == 0 and len(fake.jobs) == 1
+    with store.transaction() as tx:
+        status = tx.scalar(select(JobStatus).where(JobStatus.job_id == job))
+        assert status is not None and status.phase == "running"
+        assert status.slurm_job_id == first.obs.ref.id
+
+
 async def test_a_new_row_is_submitted_while_the_read_runs(sqlite_store: Store) -> None:
     clock = [NOW]
     fake = SlowRead(clock)
@@ -118,15 +133,7 @@ async def test_a_row_written_again_under_the_same_id_adopts_its_running_object(
     fake, r, job, first = await one_running_job(sqlite_store)
     with sqlite_store.transaction() as tx:
         repo.delete_job(tx, job)
-    add(sqlite_store, job)
-    fake.order.clear()
-    report = await r.tick()
-    assert "start" not in fake.order, fake.order
-    assert report.actions["submit"] == 0 and len(fake.jobs) == 1
-    with sqlite_store.transaction() as tx:
-        status = tx.scalar(select(JobStatus).where(JobStatus.job_id == job))
-        assert status is not None and status.phase == "running"
-        assert status.slurm_job_id == first.obs.ref.id
+    await written_again_and_adopted(sqlite_store, fake, r, job, first)
 
 
 async def test_after_a_failed_read_new_rows_wait_for_a_read(sqlite_store: Store) -> None:
@@ -163,11 +170,4 @@ async def test_a_new_row_whose_name_the_last_read_saw_as_a_stray_is_adopted(
     report = await r.tick()  # its object is a stray of this read: unknown, not swept
     assert report.full_load and report.tracked == 0  # (the mark went back: all read)
     assert report.actions["sweep"] == 0 and first.obs.state == State.RUNNING
-    add(sqlite_store, job)
-    fake.order.clear()
-    report = await r.tick()
-    assert "start" not in fake.order, fake.order
-    assert report.actions["submit"] == 0 and len(fake.jobs) == 1
-    with sqlite_store.transaction() as tx:
-        status = tx.scalar(select(JobStatus).where(JobStatus.job_id == job))
-        assert status is not None and status.slurm_job_id == first.obs.ref.id
+    await written_again_and_adopted(sqlite_store, fake, r, job, first)
