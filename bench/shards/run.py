@@ -58,6 +58,7 @@ import calendar
 import contextlib
 import itertools
 import json
+import math
 import os
 import resource
 import signal
@@ -602,7 +603,11 @@ def run_count(count: int, args: argparse.Namespace, db: str, t0: int,
         time.sleep(0.2)
         view = read_view(store, names)
     spread_s = view.at - started
-    if not wait_warm(procs, view, 60 + 10 * args.interval):
+    # a replica's first ticks plan every job of its shards cold (about 15 s of CPU per
+    # 100k jobs on this machine, doubled for the shared cores): a fixed wait stopped the
+    # 10 x 100k run of one replica before its shards had ticked
+    cold_s = 30 * math.ceil(args.clusters / count) * args.jobs / 100_000
+    if not wait_warm(procs, view, 60 + 10 * args.interval + cold_s):
         stop(procs)
         sys.exit(f"bench/shards: {count} replicas: shards did not tick; logs in {logs}")
     result = measure(procs, args, store, names)
