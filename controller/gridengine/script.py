@@ -52,12 +52,12 @@ from controller.gridengine.naming import format_account
 from controller.model.ids import parse_job_id
 from controller.model.obs import StartRequest
 from controller.model.spec import Placement, SlurmResources, check_env_name
-from controller.slurm.naming import EPOCH_BOUND, check_attempt, check_submission, discovery_name
+from controller.slurm.naming import check_attempt, check_submission, discovery_name
 from controller.slurm.script import (
     MAX_SCRIPT_BYTES,
-    SETUP_FAILED_EXIT,
+    BatchDialect,
     StartSettings,
-    StreamFiles,
+    batch_script,
     check_output_dir,
     output_layout,
     shell_path,
@@ -67,8 +67,6 @@ HEREDOC_DELIMITER = "DISPATCH_EOF"
 ID_LINE = "DISPATCH_ID"
 _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _WORD_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
-_LINE_BREAK_RE = re.compile(r"([\n\r])")
-_LINE_BREAK_VARS = {"\n": "DISPATCH_NL", "\r": "DISPATCH_CR"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +76,6 @@ class GridEngineSettings:
     queue: str = ""
     pe: str = "smp"
     project: str = ""
-
-
-def _literal(value: str) -> str:
-    """One shell word for ``value``, on one line (as ``controller.slurm.script``)."""
-    if "\n" not in value and "\r" not in value:
-        return shlex.quote(value)
-    return "".join(f'"${_LINE_BREAK_VARS[p]}"' if p in _LINE_BREAK_VARS else shlex.quote(p)
-                   for p in _LINE_BREAK_RE.split(value) if p)
 
 
 def _hosts(text: str, field: str) -> list[str]:
@@ -184,47 +174,14 @@ def qsub_options(request: StartRequest, settings: StartSettings,
     return words
 
 
+# Grid Engine exports the job's id, and RESTARTED=1 in a job it restarted
+GRIDENGINE_BATCH = BatchDialect(
+    job_id_var="JOB_ID", restart=("case ${RESTARTED:-0} in 1) R=1 ;; *) R=0 ;; esac",))
+
+
 def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
     """The batch script qsub stores. Arguments: D, then one per pass variable."""
-    spec = request.spec
-    n = request.submission
-    layout = output_layout(settings, request.job_id, n, spec)
-    execution = "${JOB_ID}-r${R}"
-
-    def target(stream: StreamFiles) -> str:
-        if stream.prefix.startswith("/"):
-            return f'{shlex.quote(stream.prefix)}"{execution}"'
-        return f'"$1/{stream.prefix}{execution}{stream.suffix}"'
-
-    fail = f">&2; exit {SETUP_FAILED_EXIT} ;;"
-    lines = [
-        "#!/bin/sh",
-        "# arguments: the output directory, then per environment.pass variable "
-        f"({' '.join(settings.pass_names) or 'none'}) =value, or empty when unset",
-        f"DISPATCH_JOB_ID={shlex.quote(parse_job_id(request.job_id, field='job_id'))}",
-        f"DISPATCH_SUBMISSION={n}",
-        "case ${JOB_ID:-} in",
-        "''|*[!0-9]*) printf 'dispatch: JOB_ID=%s is not a job id\\n' "
-        f'"${{JOB_ID:-}}" {fail}',
-        "esac",
-        "case ${RESTARTED:-0} in 1) R=1 ;; *) R=0 ;; esac",
-        f"DISPATCH_ATTEMPT=s{n}-{execution}",
-        f"DISPATCH_EPOCH=$(({n} * {EPOCH_BOUND} + R))",
-        "export DISPATCH_JOB_ID DISPATCH_SUBMISSION DISPATCH_ATTEMPT DISPATCH_EPOCH",
-        f"exec >>{target(layout.stdout)} 2>>{target(layout.stderr)}",
-    ]
-    for position, name in enumerate(settings.pass_names, start=2):
-        lines.append(f"case ${{{position}}} in =*) {name}=${{{position}#=}}; export {name} ;; "
-                     f"*) unset {name} ;; esac")
-    values = [value for _, value in spec.env] + list(spec.command)
-    if any("\n" in value for value in values):
-        lines += ["DISPATCH_NL='", "'"]
-    if any("\r" in value for value in values):
-        lines.append("DISPATCH_CR=$(printf '\\r')")
-    for name, value in sorted(spec.env):
-        lines.append(f"export {name}={_literal(value)}")
-    lines.append("exec " + " ".join(_literal(arg) for arg in spec.command))
-    return "\n".join(lines) + "\n"
+    return batch_script(request, settings, GRIDENGINE_BATCH)
 
 
 def render_start_script(request: StartRequest, settings: StartSettings,

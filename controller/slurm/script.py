@@ -438,12 +438,29 @@ def _restart_count_patterns() -> str:
     return "|".join(["0", *("[1-9]" + "[0-9]" * k for k in range(digits))])
 
 
-def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
-    """The batch script sbatch stores (SPEC §3.2). Arguments: D, then one per pass variable."""
+@dataclass(frozen=True, slots=True)
+class BatchDialect:
+    """What a scheduler's batch script reads of its own job (``batch_script``): the
+    variable holding the job's id, the lines that set ``R`` (the execution's restart
+    count) from what the scheduler exports (``{fail}`` in them: what ends a line that
+    refuses a value), the lines after the pass variables, and how
+    the header names an unset pass variable."""
+
+    job_id_var: str
+    restart: tuple[str, ...]
+    environment: tuple[str, ...] = ()
+    unset: str = "unset"
+
+
+def batch_script(request: StartRequest, settings: StartSettings, dialect: BatchDialect) -> str:
+    """The batch script the scheduler stores (SPEC §3.2), in ``dialect``: the same one for
+    Slurm and Grid Engine but for what each exports of the job. Arguments: D, then one
+    per pass variable."""
     spec = request.spec
     n = request.submission
     layout = output_layout(settings, request.job_id, n, spec)
-    execution = "${SLURM_JOB_ID}-r${R}"
+    var = dialect.job_id_var
+    execution = "${" + var + "}-r${R}"
 
     def target(stream: StreamFiles) -> str:
         if stream.prefix.startswith("/"):
@@ -455,19 +472,14 @@ def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
     lines = [
         "#!/bin/sh",
         f"# arguments: the output directory, then per environment.pass variable ({pass_list})"
-        " =value, or empty when unset on the host",
+        f" =value, or empty when {dialect.unset}",
         f"DISPATCH_JOB_ID={shlex.quote(parse_job_id(request.job_id, field='job_id'))}",
         f"DISPATCH_SUBMISSION={n}",
-        "case ${SLURM_JOB_ID:-} in",
-        "''|*[!0-9]*) printf 'dispatch: SLURM_JOB_ID=%s is not a job id\\n' "
-        f'"${{SLURM_JOB_ID:-}}" {fail}',
+        f"case ${{{var}:-}} in",
+        f"''|*[!0-9]*) printf 'dispatch: {var}=%s is not a job id\\n' "
+        f'"${{{var}:-}}" {fail}',
         "esac",
-        "R=${SLURM_RESTART_COUNT:-0}",
-        "case $R in",
-        f"{_restart_count_patterns()}) ;;",
-        "*) printf 'dispatch: SLURM_RESTART_COUNT=%s is not a restart count below "
-        f"{EPOCH_BOUND}\\n' \"$R\" {fail}",
-        "esac",
+        *(line.replace("{fail}", fail) for line in dialect.restart),
         f"DISPATCH_ATTEMPT=s{n}-{execution}",
         f"DISPATCH_EPOCH=$(({n} * {EPOCH_BOUND} + R))",
         "export DISPATCH_JOB_ID DISPATCH_SUBMISSION DISPATCH_ATTEMPT DISPATCH_EPOCH",
@@ -476,7 +488,7 @@ def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
     for position, name in enumerate(settings.pass_names, start=2):
         lines.append(f"case ${{{position}}} in =*) {name}=${{{position}#=}}; export {name} ;; "
                      f"*) unset {name} ;; esac")
-    lines.append("export SLURM_EXPORT_ENV=ALL")
+    lines += dialect.environment
     literal_values = [value for _, value in spec.env] + list(spec.command)
     if any("\n" in value for value in literal_values):
         lines += ["DISPATCH_NL='", "'"]
@@ -486,6 +498,24 @@ def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
         lines.append(f"export {name}={_literal(value)}")
     lines.append("exec " + " ".join(_literal(arg) for arg in spec.command))
     return "\n".join(lines) + "\n"
+
+
+# Slurm exports the job's id and, once it requeued the job, its restart count
+SLURM_BATCH = BatchDialect(
+    job_id_var="SLURM_JOB_ID",
+    restart=("R=${SLURM_RESTART_COUNT:-0}",
+             "case $R in",
+             f"{_restart_count_patterns()}) ;;",
+             "*) printf 'dispatch: SLURM_RESTART_COUNT=%s is not a restart count below "
+             f"{EPOCH_BOUND}\\n' \"$R\" {{fail}}",
+             "esac"),
+    environment=("export SLURM_EXPORT_ENV=ALL",),
+    unset="unset on the host")
+
+
+def render_batch_script(request: StartRequest, settings: StartSettings) -> str:
+    """The batch script sbatch stores (SPEC §3.2). Arguments: D, then one per pass variable."""
+    return batch_script(request, settings, SLURM_BATCH)
 
 
 def _delimiter(body: str) -> str:
