@@ -49,16 +49,15 @@ from dataclasses import dataclass
 
 from controller.errors import ErrInvalid, ErrUnsupported
 from controller.gridengine.naming import format_account
-from controller.model.ids import parse_job_id
 from controller.model.obs import StartRequest
-from controller.model.spec import Placement, SlurmResources, check_env_name
-from controller.slurm.naming import check_attempt, check_submission, discovery_name
+from controller.model.spec import Placement, SlurmResources
+from controller.slurm.naming import discovery_name
 from controller.slurm.script import (
     MAX_SCRIPT_BYTES,
     BatchDialect,
     StartSettings,
     batch_script,
-    check_output_dir,
+    check_request,
     output_layout,
     shell_path,
 )
@@ -97,15 +96,8 @@ def host_expression(nodelist: str, exclude: list[str]) -> str:
 
 
 def _check(request: StartRequest, settings: StartSettings, ge: GridEngineSettings) -> None:
-    parse_job_id(request.job_id, field="job_id")
-    check_submission(request.submission)
-    check_attempt(request.attempt)
-    check_output_dir(settings.output_dir)
+    check_request(request, settings)
     spec = request.spec
-    if not spec.workdir.startswith("/"):
-        raise ErrInvalid("must be an absolute path", field="workdir")
-    for i, name in enumerate(settings.pass_names):
-        check_env_name(name, f"environment.pass[{i}]")
     res = spec.resources
     if res.nodes is not None and res.nodes > 1:
         raise ErrUnsupported("Grid Engine: jobs on several nodes are not supported",

@@ -337,16 +337,22 @@ def _minutes(seconds: int) -> int:
 # ---------------------------------------------------------------- refusals
 
 
-def _check_request(request: StartRequest, settings: StartSettings) -> None:
+def check_request(request: StartRequest, settings: StartSettings) -> None:
+    """What every scheduler's Start refuses alike: a malformed job id, submission or
+    attempt, an output directory or workdir that is not absolute, a bad pass name."""
     parse_job_id(request.job_id, field="job_id")
     check_submission(request.submission)
     check_attempt(request.attempt)
     check_output_dir(settings.output_dir)
-    spec = request.spec
-    if not spec.workdir.startswith("/"):
+    if not request.spec.workdir.startswith("/"):
         raise ErrInvalid("must be an absolute path", field="workdir")
     for i, name in enumerate(settings.pass_names):
         check_env_name(name, f"environment.pass[{i}]")
+
+
+def _check_request(request: StartRequest, settings: StartSettings) -> None:
+    check_request(request, settings)
+    spec = request.spec
     if len(set(settings.pass_names)) != len(settings.pass_names):
         raise ErrInvalid("a name is listed twice", field="environment.pass")
     for i, node in enumerate(request.extra_exclude):
