@@ -140,10 +140,10 @@ def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str] | tuple[str, ...
 
 
 def _obj(value: object, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ErrInvalid("must be an object", field=path)
     for key in value:
-        if not isinstance(key, str):
+        if type(key) is not str:
             raise ErrInvalid("keys must be strings", field=path)
     return value
 
@@ -358,6 +358,11 @@ class JobDocument:
         return cls(doc, spec)
 
 
+_NO_RESOURCES = Resources()
+_NO_EXTENSIONS: tuple[Placement, SlurmResources, None, None] = (
+    Placement(), SlurmResources(), None, None)
+
+
 def parse_job_document(doc: object) -> JobSpec:
     """Validate a job document (decoded JSON) and return its JobSpec.
 
@@ -381,24 +386,27 @@ def parse_job_document(doc: object) -> JobSpec:
     workdir = absolute_path(obj["workdir"], "workdir")
 
     env_items: list[tuple[str, str]] = []
-    for key, val in _obj(obj.get("env", {}), "env").items():
+    for key, val in (_obj(obj["env"], "env").items() if "env" in obj else ()):
         check_env_name(key, f"env.{key}")
         env_items.append((key, _text(val, f"env.{key}")))
 
-    placement, slurm_res, output, checkpoint = _extensions(obj.get("extensions", {}))
+    # an absent section is its default, shared (a new leader validates every row)
+    placement, slurm_res, output, checkpoint = (
+        _extensions(obj["extensions"]) if "extensions" in obj else _NO_EXTENSIONS)
     grace = obj.get("stop_grace_s")
     return JobSpec(
         command=command,
         workdir=workdir,
         env=tuple(sorted(env_items)),
-        resources=_resources(obj.get("resources", {})),
+        resources=_resources(obj["resources"]) if "resources" in obj else _NO_RESOURCES,
         placement=placement,
         slurm_resources=slurm_res,
         output=output,
         checkpoint=checkpoint,
-        name=_text(obj.get("name", ""), "name", max_len=256, single_line=True),
-        labels=_labels(obj.get("labels", {})),
-        requeue=_bool(obj.get("requeue", False), "requeue"),
+        name=_text(obj["name"], "name", max_len=256, single_line=True) if "name" in obj
+        else "",
+        labels=_labels(obj["labels"]) if "labels" in obj else (),
+        requeue=_bool(obj["requeue"], "requeue") if "requeue" in obj else False,
         stop_grace_s=None if grace is None else _positive_int(grace, "stop_grace_s",
                                                               minimum=1),
         clusters=parse_clusters(obj["cluster"]) if "cluster" in obj else (),
