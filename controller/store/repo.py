@@ -419,14 +419,12 @@ _IN_CHUNK = 500  # ids per IN (...) list: well under every SQLite's variable lim
 def _by_ids(tx: Session, query: Any, column: Any, ids: Sequence[str]) -> list[Any]:
     """The rows of ``query`` whose ``column`` is one of ``ids``, one statement per
     ``_IN_CHUNK`` ids. On PostgreSQL the ids go as one array parameter (``= ANY``): the
-    driver parses (and caches) one statement instead of one per list length. The
-    statements are columns only: they run on the connection, past the ORM's layer."""
-    conn = tx.connection()
-    postgres = conn.dialect.name == "postgresql"
+    driver parses (and caches) one statement instead of one per list length."""
+    postgres = tx.get_bind().dialect.name == "postgresql"
     return [row for start in range(0, len(ids), _IN_CHUNK)
-            for row in conn.execute(query.where(
+            for row in tx.execute(query.where(
                 column == any_(literal(ids[start:start + _IN_CHUNK], _ID_ARRAY)) if postgres
-                else column.in_(ids[start:start + _IN_CHUNK])))]
+                else column.in_(ids[start:start + _IN_CHUNK]))).all()]  # (one fetchall)
 
 
 _ID_ARRAY = ARRAY(String)
