@@ -594,7 +594,11 @@ def run_count(count: int, args: argparse.Namespace, db: str, t0: int,
     procs = start_replicas(count, args, db, t0, logs)
     logs_of = [p.log for p in procs]
     view = read_view(store, names)
-    deadline = time.time() + 120 + 30 * count
+    # replicas started together overshoot (the first counts only itself, takes every
+    # shard and gives the surplus up one at a time, each after its cold first tick: about
+    # 30 s per 100k-job shard here): a fixed wait stopped 2 replicas of 10 x 100k one shed
+    # short of the spread
+    deadline = time.time() + 120 + 30 * count + 30 * args.clusters * args.jobs / 100_000
     while not spread(view, procs, names):
         if time.time() > deadline or any(p.popen.poll() is not None for p in procs):
             stop(procs)
