@@ -401,6 +401,7 @@ def start_replicas(count: int, args: argparse.Namespace, db: str, t0: int,
         procs.append(proc)
     for proc in procs:
         if not proc.ready.wait(120):
+            stop(procs)  # (a replica left running holds leases of a database now dropped)
             sys.exit(f"bench/shards: replica {proc.index} did not start; see {proc.log}")
     return procs
 
@@ -512,6 +513,7 @@ def measure(procs: Sequence[Proc], args: argparse.Namespace, store: Store,
     for proc in procs:
         samples = proc.between(start, end)
         if len(samples) < 2:
+            stop(procs)
             sys.exit(f"bench/shards: too few samples from replica {proc.index}; see {proc.log}")
         per_interval = [(b["cpu"] - a["cpu"]) * args.interval / (b["t"] - a["t"])
                         for a, b in itertools.pairwise(samples)]
