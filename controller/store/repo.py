@@ -575,13 +575,18 @@ class Fetched:
     abandoned: dict[str, set[int]]
 
 
+# the rows ``fetch_tracked`` reads: the columns of ``_FetchedRow``, in its order
+_TRACKED_ROWS = (select(Job.id, Job.spec, Job.policy, Job.desired, Job.generation, Job.version,
+                        JobStatus.job_id.label("has_status"), JobStatus.version.label("sv"),
+                        *(JobStatus.__table__.c[name] for name in SAVED_COLUMNS))
+                 .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
+assert tuple(_TRACKED_ROWS.selected_columns.keys()) == _FetchedRow._fields
+
+
 def fetch_tracked(tx: Session, *, ids: Collection[str] | None = None) -> Fetched:
     """The tracked jobs' rows (``load_tracked``) and their abandoned submissions: every
     statement at once, nothing built."""
-    query = (select(Job.id, Job.spec, Job.policy, Job.desired, Job.generation, Job.version,
-                    JobStatus.job_id.label("has_status"), JobStatus.version.label("sv"),
-                    *(JobStatus.__table__.c[name] for name in SAVED_COLUMNS))
-             .outerjoin(JobStatus, JobStatus.job_id == Job.id).where(_tracked()))
+    query = _TRACKED_ROWS
     found = tx.execute(query) if ids is None else _by_ids(tx, query, Job.id, list(ids))
     rows = [_FetchedRow._make(row) for row in found]
     with_status = [row.id for row in rows if row.has_status is not None]
