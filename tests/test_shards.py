@@ -247,6 +247,51 @@ async def test_a_replica_takes_no_more_than_its_share_even_at_once(pg_store: Sto
     assert len(d.held()) == 3
 
 
+def spread_pair(store: Store, clusters: int, clock: list[float]) -> list[Daemon]:
+    """Two replicas of ``clusters`` shards, spread evenly between them."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": f"c{i}"} for i in range(clusters)]})
+    return [replica(store, config, clock), replica(store, config, clock)]
+
+
+async def test_a_dead_replicas_shards_move_when_its_leases_expire(any_store: Store) -> None:
+    """bench/shards, 2 replicas of 10 x 100k: the killed replica's leases ran out 28.9 s
+    after the SIGKILL, and the survivor took them 14.4 s later. Its fair share grew only
+    once the dead replica's membership row expired too, which is renewed on every keeper
+    round while a lease is renewed only under half its TTL. A replica none of whose
+    leases is live is gone, whatever its membership row says."""
+    clock = [float(NOW)]
+    pair = spread_pair(any_store, 4, clock)
+    await rounds(pair, 4)
+    assert sorted(len(h) for h in held(pair)) == [2, 2], held(pair)
+    dead, alive = pair
+    # the dead replica's last keeper round renews its row, not its leases (over half left)
+    clock[0] += 10
+    dead.membership.heartbeat([s.name for s in dead.held()])
+    await rounds([alive], 1)
+    clock[0] += 21  # its leases expired 1 s ago; its row has 9 s to go
+    alive._keep_once(asyncio.get_running_loop())
+    assert len(alive.held()) == 4, (held(pair), alive.membership.live)
+
+
+async def test_the_keeper_wakes_when_a_lease_held_elsewhere_expires(any_store: Store) -> None:
+    """The keeper's next round is due when the next lease held by another replica
+    expires, if that comes before a quarter TTL: an orphan is taken as it expires, not up
+    to a keeper period later (part of the same 14.4 s)."""
+    clock = [float(NOW)]
+    pair = spread_pair(any_store, 4, clock)
+    await rounds(pair, 4)
+    alive = pair[1]  # (the first dies: nothing renews its leases or its row)
+    clock[0] += 27  # the other's leases expire in 3 s; alive renews its own
+    loop = asyncio.get_running_loop()
+    assert alive._keep_once(loop) == pytest.approx(3, abs=0.1)
+    clock[0] += 1
+    assert alive._keep_once(loop) == pytest.approx(2, abs=0.1)
+    clock[0] += 2
+    assert alive._keep_once(loop) == pytest.approx(30 / 4)  # taken: none expires sooner
+    assert len(alive.held()) == 4
+
+
 def quick_config(**daemon: float) -> Config:
     port = free_port()
     return parse_config({"daemon": {"metrics_port": port, **daemon},

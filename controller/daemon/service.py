@@ -37,7 +37,7 @@ from controller.reconcile.ports import SchedulerPort
 from controller.reconcile.tick import Clock, Reconciler
 from controller.store import notify, repo
 from controller.store.db import Store
-from controller.store.lease import Lease, read_leases
+from controller.store.lease import Lease, LeaseInfo, read_leases
 from controller.store.members import Membership, fair_share
 
 log = logging.getLogger("dispatch.daemon")
@@ -170,43 +170,64 @@ class Daemon:
         return await asyncio.to_thread(self._take_now, shard)
 
     def _keep(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
-        """The keeper, a thread of its own, every quarter TTL: renews each held lease
-        that has run under half its TTL and this replica's membership row, counts the
-        live replicas, and takes orphaned shards (their replica died: the lease expired)
-        while below the fair share, waking each taken shard's first tick. A busy event
-        loop (shards' long first ticks, in pieces that wait behind one another) never
-        lets a lease or the membership lapse, nor delays a takeover."""
-        period = max(0.2, self.config.daemon.lease_ttl_s / 4)
-        while not stop.wait(period):
+        """The keeper, a thread of its own, every quarter TTL or sooner (``_keep_once``):
+        renews each held lease that has run under half its TTL and this replica's
+        membership row, counts the live replicas, and takes orphaned shards (their
+        replica died: the lease expired) while below the fair share, waking each taken
+        shard's first tick. A busy event loop (shards' long first ticks, in pieces that
+        wait behind one another) never lets a lease or the membership lapse, nor delays a
+        takeover."""
+        period = self._keep_period
+        delay = period
+        while not stop.wait(delay):
             try:
-                self._keep_once(loop)
+                delay = self._keep_once(loop)
             except Exception:  # the keeper never dies: the next round tries again
                 log.exception("lease keeper round failed")
+                delay = period
 
-    def _keep_once(self, loop: asyncio.AbstractEventLoop) -> None:
+    @property
+    def _keep_period(self) -> float:
+        return max(0.2, self.config.daemon.lease_ttl_s / 4)
+
+    def _keep_once(self, loop: asyncio.AbstractEventLoop) -> float:
+        """One keeper round; returns the seconds to the next: a quarter TTL, or less when
+        a lease held by another replica expires sooner (the keeper then takes the shard
+        as its lease expires -- if its replica died, the survivors' share has grown by
+        then, ``Membership``)."""
         held = []
         for shard in self.shards:
             if shard.lease.held:
                 shard.lease.refresh()
                 held.append(shard.name)
         self.membership.heartbeat(held)
-        if not self._may_take():
-            return
-        for shard in self._orphans():
-            if self._may_take() and self._take_now(shard):
-                loop.call_soon_threadsafe(shard.wake)
+        leases = self._leases()
+        if self._may_take():
+            for shard in self._orphans(leases):
+                if self._may_take() and self._take_now(shard):
+                    loop.call_soon_threadsafe(shard.wake)
+        now = self.clock()
+        expiring = [info.expires_at - now for shard in self.shards if not shard.lease.held
+                    and (info := leases.get(shard.lease.name)) is not None
+                    and info.expires_at > now]
+        return max(0.05, min([self._keep_period, *(left + 0.05 for left in expiring)]))
 
-    def _orphans(self) -> list[Shard]:
+    def _leases(self) -> dict[str, LeaseInfo]:
+        """Every lease row by name (none when the database does not answer)."""
+        try:
+            with self.store.transaction() as tx:
+                return {info.name: info for info in read_leases(tx)}
+        except DispatchError:
+            return {}
+
+    def _orphans(self, leases: dict[str, LeaseInfo] | None = None) -> list[Shard]:
         """The shards not held here whose lease was held and has expired: their replica
         died or stalled. A shard whose tick is still running here is not one: that tick
         must end (its fence stops it) before the shard is taken again. (A lease never
         taken is left to the shards' own ticks, which take in turn within the fair
         share: at startup the count of replicas is still growing.)"""
-        try:
-            with self.store.transaction() as tx:
-                leases = {info.name: info for info in read_leases(tx)}
-        except DispatchError:
-            return []
+        if leases is None:
+            leases = self._leases()
         now = self.clock()
         return [shard for shard in self.shards if not shard.lease.held and not shard.busy
                 and (info := leases.get(shard.lease.name)) is not None
