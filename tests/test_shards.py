@@ -292,6 +292,80 @@ async def test_the_keeper_wakes_when_a_lease_held_elsewhere_expires(any_store: S
     assert len(alive.held()) == 4
 
 
+async def test_a_replica_above_its_share_gives_every_surplus_shard_up_at_once(
+        any_store: Store) -> None:
+    """bench/shards, 4 replicas of 10 x 100k: the first replica up counted only itself
+    and took every shard; it then gave the surplus up one shard per count, each after
+    its cold first tick, and the shards took 389 s to spread. Every surplus shard is
+    marked at once."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": f"c{i}"} for i in range(4)]})
+    clock = [float(NOW)]
+    d = replica(any_store, config, clock)
+    await rounds([d], 1)
+    assert len(d.held()) == 4
+    Membership(any_store, holder="other", ttl_s=30, clock=lambda: clock[0]).heartbeat()
+    d.count_replicas()
+    assert d.share == 2
+    assert sorted(s.name for s in d.held() if s.shed) == ["c2", "c3"]
+    await d.tick_once()
+    assert sorted(s.name for s in d.held()) == ["c0", "c1"]
+
+
+async def test_the_keeper_sheds_as_soon_as_it_counts_a_new_replica(
+        any_store: Store) -> None:
+    """The keeper counts the replicas every quarter TTL; a replica that counts more than
+    before sheds its surplus then, not at its next ``_members`` round (one tick interval
+    later, on a loaded process: the other replica waits that long for its share)."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": f"c{i}"} for i in range(4)]})
+    clock = [float(NOW)]
+    d = replica(any_store, config, clock)
+    await rounds([d], 1)
+    assert len(d.held()) == 4
+    Membership(any_store, holder="other", ttl_s=30, clock=lambda: clock[0]).heartbeat()
+    loop = asyncio.get_running_loop()
+    d._keep_once(loop)
+    await asyncio.sleep(0)  # (the loop runs what the keeper thread handed it)
+    assert sorted(s.name for s in d.held() if s.shed) == ["c2", "c3"]
+
+
+async def test_a_shard_asked_to_shed_stops_its_tick_at_the_next_chunk(
+        sqlite_store: Store) -> None:
+    """A shard marked to shed during its (cold, long) first tick takes on no further
+    chunk: the tick ends as at its budget, and the lease is given up at once -- not
+    after every job was planned by a replica that is about to let them go."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "reconcile": {"plan_chunk": 5},
+                           "clusters": [{"name": "c0"}, {"name": "c1"}]})
+    clock = [float(NOW)]
+    d = replica(sqlite_store, config, clock)
+    for _ in range(30):
+        add(sqlite_store, "c0")
+    await rounds([d], 2)
+    shard = d.by_name["c0"]
+    fake = shard.adapter
+    assert isinstance(fake, Cluster) and len(fake.jobs) == 30
+    shard.reconciler.forget()  # its next tick plans every job, 5 at a time
+    read = fake.find_many
+    reports: list[TickReport] = []
+    tick = shard.reconciler.tick
+
+    async def asked_to_shed(*args: Any, **kwargs: Any) -> Any:
+        shard.shed = True  # (the daemon's count rose during the tick)
+        return await read(*args, **kwargs)
+
+    async def recorded() -> TickReport:
+        reports.append(await tick())
+        return reports[-1]
+
+    fake.find_many = asked_to_shed  # type: ignore[method-assign]
+    shard.reconciler.tick = recorded  # type: ignore[method-assign]
+    await shard.tick_once()
+    assert [(r.planned, r.deferred) for r in reports] == [(5, 25)]
+    assert not shard.held and not shard.shed
+
+
 def quick_config(**daemon: float) -> Config:
     port = free_port()
     return parse_config({"daemon": {"metrics_port": port, **daemon},

@@ -6,10 +6,13 @@
 - Replicas share the shards through their leases: each daemon renews its row in
   ``replicas`` (``controller.store.members``) and takes at most its fair share,
   ``ceil(shards / live replicas)``; one that holds more (a replica joined) gives the
-  surplus up, one at a time; an orphaned shard (its replica died: the lease expired) is
+  whole surplus up at once, each shard's tick in progress ending at its next chunk; an
+  orphaned shard (its replica died: the lease expired) is
   taken by a replica below its share. SQLite: one daemon holds every shard.
-- A keeper thread renews the held leases and the membership row every quarter TTL and
-  takes orphaned shards, whatever the event loop is busy with.
+- A keeper thread renews the held leases and the membership row every quarter TTL (or
+  as the next lease held elsewhere expires), takes orphaned shards and, when it counts
+  more replicas than before, has the surplus shed at once, whatever the event loop is
+  busy with.
 - SIGTERM/SIGINT: finish the ticks in progress, release the leases (standbys take over
   at once), leave the membership, exit 0. Jobs are never cancelled on shutdown.
 """
@@ -200,7 +203,9 @@ class Daemon:
             if shard.lease.held:
                 shard.lease.refresh()
                 held.append(shard.name)
-        self.membership.heartbeat(held)
+        before = self.membership.live
+        if self.membership.heartbeat(held) > before:  # the share fell: shed now, not at
+            loop.call_soon_threadsafe(self._rebalance)  # the next ``_members`` round
         leases = self._leases()
         if self._may_take():
             for shard in self._orphans(leases):
@@ -240,19 +245,23 @@ class Daemon:
         self._rebalance()
 
     def _rebalance(self) -> None:
-        """Publish the counts; a daemon above its fair share marks one held shard to give
-        up after its tick (the last by name: every replica sheds the same way)."""
-        held = self.held()
+        """Publish the counts; a daemon above its fair share marks every surplus shard to
+        give up (the last by name: every replica sheds the same way). Each one's tick in
+        progress takes on no further chunk, and the lease goes at once: a replica that
+        started first and took every shard does not finish a cold first tick of each
+        before letting it go."""
+        held = sorted(self.held(), key=lambda shard: shard.name)
         live = self.membership.live
         self.metrics.set_replicas_live(live)
         self.metrics.set_shards_held(len(held))
-        if len(held) > self.share and not any(shard.shed for shard in held):
-            surplus = max(held, key=lambda shard: shard.name)
-            surplus.shed = True
-            log.info("above the fair share: giving one shard up",
-                     extra={"cluster": surplus.name, "held": len(held), "share": self.share,
-                            "replicas": live})
-            surplus.wake()
+        surplus = [shard for shard in held[self.share:] if not shard.shed]
+        if surplus:
+            log.info("above the fair share: giving shards up",
+                     extra={"clusters": [shard.name for shard in surplus],
+                            "held": len(held), "share": self.share, "replicas": live})
+        for shard in surplus:
+            shard.shed = True
+            shard.wake()
 
     async def _members(self) -> None:
         self._rebalance()  # (the keeper thread counts the replicas)

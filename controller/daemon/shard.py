@@ -17,7 +17,8 @@
 - Ticks run back to back while work waits (a burst's slices, action outcomes, a wake
   during a tick), at most ``AGAIN_LIMIT`` in a row.
 - A shard asked to shed (its daemon holds more than its fair share) gives its lease up
-  after the tick in progress: another replica takes it at once.
+  after the tick in progress, which takes on no further chunk of work (a cold first tick
+  is not finished for a shard about to go): another replica takes it at once.
 - Each shard has its own transport, rate budget, capabilities and health: a cluster whose
   slurmctld is down fails its own reads only.
 
@@ -69,6 +70,7 @@ class Shard:
         self.metrics = metrics
         self.lease = lease
         self.reconciler = reconciler
+        reconciler.stop_when = self._shedding  # (a shard being given up: ``_shedding``)
         self.tick_interval_s = tick_interval_s
         self.clock = clock
         # a standby's shadow ticks: at least every ``shadow_s`` (0: only while the lease
@@ -185,6 +187,11 @@ class Shard:
             log.exception("tick crashed", extra={"cluster": self.name})
         self.metrics.ticks.labels(result="error").inc()
         return None
+
+    def _shedding(self) -> bool:
+        """The tick in progress stops at its next chunk: this shard is being given up
+        (what it left is the next holder's first tick)."""
+        return self.shed
 
     def _standing_by(self) -> None:
         seen = self.seen

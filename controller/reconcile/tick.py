@@ -115,6 +115,10 @@ _UNREACHABLE = {
 }
 
 
+def _never() -> bool:
+    return False
+
+
 class Reconciler:
     """Owns one tick; everything it needs is injected."""
 
@@ -132,6 +136,10 @@ class Reconciler:
         # after this many seconds a tick takes on no further chunk of jobs (the daemon
         # passes a third of the lease TTL); None: no bound
         self.budget_s = budget_s
+        # while true, the tick in progress takes on no further chunk (its shard is being
+        # given up: a cold first tick of a shard this replica lets go is not finished
+        # first; the driving ``Shard`` sets it)
+        self.stop_when: Callable[[], bool] = _never
         # the monotonic clock of the budget and the phase timings (injected: a simulator
         # runs it in virtual time)
         self.timer = timer
@@ -468,9 +476,10 @@ class Reconciler:
             await asyncio.sleep(0)
 
     def _spent(self, began: float) -> bool:
-        """The tick begun at ``began`` is past its time budget: it takes on no further
-        chunk (the first always goes)."""
-        return self.budget_s is not None and self.timer() - began > self.budget_s
+        """The tick begun at ``began`` is past its time budget, or asked to stop
+        (``stop_when``): it takes on no further chunk (the first always goes)."""
+        return ((self.budget_s is not None and self.timer() - began > self.budget_s)
+                or self.stop_when())
 
     async def _fresh(self, memos: dict[str, Memo], ctx: PlanContext, *, epoch: int,
                      slots: int, report: TickReport, began: float) -> tuple[set[str], int]:
