@@ -84,6 +84,7 @@ from controller.daemon.service import Daemon, build_shard  # noqa: E402
 from controller.daemon.shard import lease_name  # noqa: E402
 from controller.metrics import Metrics  # noqa: E402
 from controller.reconcile.placement import Clusters  # noqa: E402
+from controller.reconcile.settings import ReconcileConfig  # noqa: E402
 from controller.reconcile.tick import Reconciler, TickReport  # noqa: E402
 from controller.runner.base import CommandResult  # noqa: E402
 from controller.slurm import dialects  # noqa: E402
@@ -278,6 +279,7 @@ def make_config(names: Sequence[str], args: argparse.Namespace) -> Config:
     return parse_config({
         "daemon": {"tick_interval_s": args.interval, "lease_ttl_s": args.ttl,
                    "lease_margin_s": args.margin, "metrics_port": args.port},
+        "reconcile": {"replan_s": args.replan},
         "clusters": [{"name": name} for name in names]})
 
 
@@ -391,7 +393,8 @@ def start_replicas(count: int, args: argparse.Namespace, db: str, t0: int,
                 "--index", str(index), "--port", str(free_port()),
                 "--clusters", str(args.clusters), "--jobs", str(args.jobs),
                 "--interval", str(args.interval), "--ttl", str(args.ttl),
-                "--margin", str(args.margin), "--log-level", args.log_level]
+                "--margin", str(args.margin), "--replan", str(args.replan),
+                "--log-level", args.log_level]
         with log.open("w") as err:
             popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
                                      env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -664,8 +667,8 @@ def print_results(args: argparse.Namespace, setup_result: dict[str, Any],
                   results: dict[int, dict[str, Any]], counts: Sequence[int]) -> None:
     n = args.clusters * args.jobs
     print(f"{args.clusters} clusters x {args.jobs} jobs = {n} tracked; tick interval "
-          f"{args.interval:g} s, lease TTL {args.ttl:g} s, margin {args.margin:g} s; "
-          f"window {args.window} intervals")
+          f"{args.interval:g} s, lease TTL {args.ttl:g} s, margin {args.margin:g} s, "
+          f"replan {args.replan} s; window {args.window} intervals")
     print(f"setup: populate {setup_result['populate_s']:.1f} s, settle (one first tick per "
           f"cluster) {setup_result['settle_cpu']:.1f} CPU s / {setup_result['settle_wall']:.1f}"
           f" s; a third tick per cluster planned {setup_result['steady_planned']} jobs")
@@ -744,6 +747,9 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=2.0, help="tick interval, seconds")
     ap.add_argument("--ttl", type=float, default=10.0, help="lease TTL, seconds")
     ap.add_argument("--margin", type=float, default=3.0, help="lease margin, seconds")
+    ap.add_argument("--replan", type=int, default=ReconcileConfig().replan_s,
+                    help="reconcile.replan_s, seconds (the safety net: every job is planned "
+                         "again within replan..2x replan; default the daemon's, %(default)s)")
     ap.add_argument("--window", type=int, default=None,
                     help="intervals measured per replica count (default 10; 4 with --quick)")
     ap.add_argument("--quick", action="store_true", help="3 clusters x 1000 jobs, 1,2 replicas")
