@@ -162,6 +162,9 @@ class Shard:
             if report.moved_to:
                 self.on_moved(report.moved_to)
             log.info("tick", extra={"cluster": self.name, "tracked": report.tracked,
+                                    "planned": report.planned, "deferred": report.deferred,
+                                    "changed_rows": report.changed_rows,
+                                    "reloaded": report.reloaded,
                                     "actions": dict(report.actions),
                                     "errors": len(report.errors), "slurm_ok": report.slurm_ok,
                                     "epoch": self.lease.epoch,
