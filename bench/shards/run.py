@@ -101,7 +101,7 @@ from controller.wiring import setup_logging  # noqa: E402
 USER = "dispatch"
 CHUNK = 5000
 PENDING_EVERY = 5  # every fifth job pends, the others run
-WARM_TICKS = 3  # ticks of every held shard after the spread before measuring
+WARM_TICKS = 3  # complete ticks of every held shard after the spread before measuring
 COLUMNS = dialects.SQUEUE_TEXT_COLUMNS  # 22.05's: the classic identity
 START_SETTINGS = StartSettings(output_dir="/tmp/out", pass_names=("PATH",))
 
@@ -302,6 +302,7 @@ def replica(args: argparse.Namespace) -> int:
     durations: list[float] = []  # wall seconds of the ticks since the last line
     planned = [0]
     errors = [0]
+    complete: dict[str, int] = {}  # per shard: ticks that deferred nothing
     shards = []
     for c, name in enumerate(names):
         lease = Lease(store, ttl_s=d.lease_ttl_s, margin_s=d.lease_margin_s, holder=holder,
@@ -312,7 +313,7 @@ def replica(args: argparse.Namespace) -> int:
         shard = build_shard(config, name, store=store, adapter=adapter,
                             metrics=metrics.for_cluster(name), lease=lease)
         shard.reconciler.tick = timed(shard.reconciler.tick,  # type: ignore[method-assign]
-                                      durations, planned, errors)
+                                      durations, planned, errors, complete, name)
         shards.append(shard)
     daemon = Daemon(config, store=store, metrics=metrics, shards=shards)
     emit({"ready": True, "holder": holder, "pid": os.getpid()})
@@ -321,7 +322,7 @@ def replica(args: argparse.Namespace) -> int:
         while not daemon.stop_event.is_set():
             emit({"t": time.time(), "cpu": time.process_time(),
                   "held": [s.name for s in daemon.held()],
-                  "ticks": {s.name: s.ticks for s in shards},
+                  "ticks": {s.name: s.ticks for s in shards}, "complete": dict(complete),
                   "durations": durations[:], "planned": planned[0], "errors": errors[0],
                   "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
             durations.clear()
@@ -338,12 +339,15 @@ def replica(args: argparse.Namespace) -> int:
     return 0
 
 
-def timed(tick: Any, durations: list[float], planned: list[int], errors: list[int]) -> Any:
+def timed(tick: Any, durations: list[float], planned: list[int], errors: list[int],
+          complete: dict[str, int], name: str) -> Any:
     async def wrapped() -> TickReport:
         report: TickReport = await tick()
         durations.append(report.duration_s)
         planned[0] += report.planned
         errors[0] += len(report.errors)
+        if not report.deferred:  # (a cold first tick cut at its budget defers the rest)
+            complete[name] = complete.get(name, 0) + 1
         return report
     return wrapped
 
@@ -459,18 +463,21 @@ def fair(view: View, procs: Sequence[Proc], names: Sequence[str]) -> bool:
             and all(holders.count(h) <= share for h in alive))
 
 
-def ticks_of(proc: Proc) -> dict[str, int]:
-    return dict(proc.samples[-1]["ticks"]) if proc.samples else {}
+def ticks_of(proc: Proc, key: str = "ticks") -> dict[str, int]:
+    return dict(proc.samples[-1][key]) if proc.samples else {}
 
 
 def wait_warm(procs: Sequence[Proc], view: View, timeout: float) -> bool:
-    """Every held shard ticked WARM_TICKS times since ``view``."""
+    """Every held shard made WARM_TICKS complete ticks (nothing deferred) since ``view``:
+    its cold first plan of every job, cut at the tick's budget into several ticks, is
+    done (counting ticks alone measured 10 x 100k replicas still planning cold)."""
     holder_of = {name: holder for holder, shards in view.replicas.items() for name in shards}
     by_holder = {p.holder: p for p in procs}
-    base = {p.holder: ticks_of(p) for p in procs}
+    base = {p.holder: ticks_of(p, "complete") for p in procs}
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if all(ticks_of(by_holder[h]).get(name, 0) - base[h].get(name, 0) >= WARM_TICKS
+        if all(ticks_of(by_holder[h], "complete").get(name, 0) - base[h].get(name, 0)
+               >= WARM_TICKS
                for name, h in holder_of.items()):
             return True
         time.sleep(0.2)
@@ -599,10 +606,9 @@ def run_count(count: int, args: argparse.Namespace, db: str, t0: int,
     procs = start_replicas(count, args, db, t0, logs)
     logs_of = [p.log for p in procs]
     view = read_view(store, names)
-    # replicas started together overshoot (the first counts only itself, takes every
-    # shard and gives the surplus up one at a time, each after its cold first tick: about
-    # 30 s per 100k-job shard here): a fixed wait stopped 2 replicas of 10 x 100k one shed
-    # short of the spread
+    # replicas started together overshoot (the first counts only itself and takes every
+    # shard, then gives the surplus up once its keeper counts the others): a fixed wait
+    # stopped 2 replicas of 10 x 100k one shed short of the spread
     deadline = time.time() + 120 + 30 * count + 30 * args.clusters * args.jobs / 100_000
     while not spread(view, procs, names):
         if time.time() > deadline or any(p.popen.poll() is not None for p in procs):
@@ -612,10 +618,10 @@ def run_count(count: int, args: argparse.Namespace, db: str, t0: int,
         time.sleep(0.2)
         view = read_view(store, names)
     spread_s = view.at - started
-    # a replica's first ticks plan every job of its shards cold (about 15 s of CPU per
-    # 100k jobs on this machine, doubled for the shared cores): a fixed wait stopped the
-    # 10 x 100k run of one replica before its shards had ticked
-    cold_s = 30 * math.ceil(args.clusters / count) * args.jobs / 100_000
+    # a replica's first ticks plan every job of its shards cold (15-30 s of CPU per
+    # 100k jobs, more on shared cores): a fixed wait stopped the 10 x 100k run of one
+    # replica before its shards had ticked
+    cold_s = 60 * math.ceil(args.clusters / count) * args.jobs / 100_000
     if not wait_warm(procs, view, 60 + 10 * args.interval + cold_s):
         stop(procs)
         sys.exit(f"bench/shards: {count} replicas: shards did not tick; logs in {logs}")
