@@ -8,6 +8,8 @@ real cluster."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -307,3 +309,43 @@ async def test_a_tick_past_its_budget_reads_the_rows_of_what_it_plans_only(
         assert rep.planned >= 5
         planned += rep.planned
     assert fake.calls.count("start") == 40  # (nothing submitted again)
+
+
+async def test_a_tick_budget_counts_its_own_time_not_other_shards_ticks(
+        tmp_path: Path) -> None:
+    """bench/shards, one replica of 10 x 100k: its shards' cold first ticks ran on one
+    event loop, each yielding between chunks to the others, and each spent its whole
+    budget (a wall clock) waiting for them: every tick planned one chunk of 2,000 jobs
+    and read 100k squeue rows again for the next one. The pauses between a tick's chunks,
+    in which other ticks run, are not its own time: two ticks side by side plan as much
+    as one alone, but for the chunk of the other that the second waits for once its read
+    is done (a wait still counted: it cannot be told from the read's own)."""
+    t = [0.0]  # the budget's clock: one second per chunk of rows read, nothing else
+
+    async def prepared(name: str) -> Reconciler:
+        store = Store(f"sqlite:///{tmp_path / name}.db")
+        store.migrate()
+        clock = [NOW]
+        fake = FakeSlurm(clock)
+        add(store, 30)
+        settle = rec(store, fake, clock)
+        await settle.tick()  # submitted
+        fake.run_all_pending()
+        await settle.tick()  # settled: every job running, its status written
+        r = Reconciler(store, fake, metrics=Metrics(), clock=lambda: clock[0],
+                       settings=TickSettings(plan_chunk=5), budget_s=2.5,
+                       timer=lambda: t[0])
+        rows = r.memory.with_rows
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            t[0] += 1.0
+            return rows(*args, **kwargs)
+
+        r.memory.with_rows = counted  # type: ignore[method-assign]
+        return r
+
+    alone = await prepared("alone")
+    assert [(r.planned, r.deferred) for r in [await alone.tick()]] == [(15, 15)]
+    pair = [await prepared("a"), await prepared("b")]
+    reports = await asyncio.gather(*(r.tick() for r in pair))
+    assert [(r.planned, r.deferred) for r in reports] == [(15, 15), (10, 20)]

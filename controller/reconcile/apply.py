@@ -168,10 +168,13 @@ class Applier:
         report.timings["store"] += time.perf_counter() - t0
         if acts.lost:
             return  # the lease is gone: act no more, the next leader will
+        acting = [p for _, p in plans if p.actions]
+        if not acting:  # (no wave: draining an empty one would suspend the tick for
+            return      # nothing, and lend the loop to other shards' ticks)
         gate = acts.gate()
         acts.started(asyncio.gather(*(self._act(p.status, p.actions, gate=gate, acts=acts,
                                                 report=report, now=ctx.now)
-                                      for _, p in plans if p.actions)))
+                                      for p in acting)))
 
     async def release(self, acts: Acts, report: TickReport, now: int) -> None:
         """Release the gates of the chunk's recorded Submits, together, once all of its
