@@ -68,9 +68,11 @@ async def only(adapter: SlurmAdapter, job_id: JobID) -> ObjectObs | None:
 
 async def ended(adapter: SlurmAdapter, ref: ObjectRef) -> ObjectObs:
     """After stop: squeue's text prints a cancelled job that is still cleaning up as
-    COMPLETING (running) for about a second, then CANCELLED."""
+    COMPLETING (running) for about a second, then CANCELLED -- on a loaded machine for
+    longer (a full suite run: still COMPLETING 15 s after the scancel of a job just
+    requeued by root and started again)."""
     return await wait_obs(lambda: adapter.inspect(ref), lambda o: o.state is State.ENDED,
-                          what="ended", timeout=15, interval=0.3)
+                          what="ended", timeout=60, interval=0.3)
 
 
 def _identity_ok(obs: ObjectObs, ref: ObjectRef) -> None:
