@@ -292,19 +292,26 @@ async def test_the_keeper_wakes_when_a_lease_held_elsewhere_expires(any_store: S
     assert len(alive.held()) == 4
 
 
+async def alone_with_four_then_joined(store: Store) -> Daemon:
+    """A replica that started alone and took all 4 shards; then another replica's row
+    appears (it counts 2 at its next count: a share of 2)."""
+    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
+                           "clusters": [{"name": f"c{i}"} for i in range(4)]})
+    clock = [float(NOW)]
+    d = replica(store, config, clock)
+    await rounds([d], 1)
+    assert len(d.held()) == 4
+    Membership(store, holder="other", ttl_s=30, clock=lambda: clock[0]).heartbeat()
+    return d
+
+
 async def test_a_replica_above_its_share_gives_every_surplus_shard_up_at_once(
         any_store: Store) -> None:
     """bench/shards, 4 replicas of 10 x 100k: the first replica up counted only itself
     and took every shard; it then gave the surplus up one shard per count, each after
     its cold first tick, and the shards took 389 s to spread. Every surplus shard is
     marked at once."""
-    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
-                           "clusters": [{"name": f"c{i}"} for i in range(4)]})
-    clock = [float(NOW)]
-    d = replica(any_store, config, clock)
-    await rounds([d], 1)
-    assert len(d.held()) == 4
-    Membership(any_store, holder="other", ttl_s=30, clock=lambda: clock[0]).heartbeat()
+    d = await alone_with_four_then_joined(any_store)
     d.count_replicas()
     assert d.share == 2
     assert sorted(s.name for s in d.held() if s.shed) == ["c2", "c3"]
@@ -317,13 +324,7 @@ async def test_the_keeper_sheds_as_soon_as_it_counts_a_new_replica(
     """The keeper counts the replicas every quarter TTL; a replica that counts more than
     before sheds its surplus then, not at its next ``_members`` round (one tick interval
     later, on a loaded process: the other replica waits that long for its share)."""
-    config = parse_config({"daemon": {"lease_ttl_s": 30, "tick_interval_s": 5},
-                           "clusters": [{"name": f"c{i}"} for i in range(4)]})
-    clock = [float(NOW)]
-    d = replica(any_store, config, clock)
-    await rounds([d], 1)
-    assert len(d.held()) == 4
-    Membership(any_store, holder="other", ttl_s=30, clock=lambda: clock[0]).heartbeat()
+    d = await alone_with_four_then_joined(any_store)
     loop = asyncio.get_running_loop()
     d._keep_once(loop)
     await asyncio.sleep(0)  # (the loop runs what the keeper thread handed it)

@@ -8,6 +8,8 @@ real cluster."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +49,9 @@ def with_status(store: Store) -> set[str]:
 
 
 def rec(store: Store, fake: FakeSlurm, clock: list[int], *, budget_s: float | None = None,
-        **settings: int) -> Reconciler:
+        timer: Callable[[], float] = time.perf_counter, **settings: int) -> Reconciler:
     return Reconciler(store, fake, metrics=Metrics(), clock=lambda: clock[0],
-                      settings=TickSettings(**settings), budget_s=budget_s)
+                      settings=TickSettings(**settings), budget_s=budget_s, timer=timer)
 
 
 async def test_a_burst_is_submitted_a_slice_per_tick_each_once(sqlite_store: Store) -> None:
@@ -332,9 +334,7 @@ async def test_a_tick_budget_counts_its_own_time_not_other_shards_ticks(
         await settle.tick()  # submitted
         fake.run_all_pending()
         await settle.tick()  # settled: every job running, its status written
-        r = Reconciler(store, fake, metrics=Metrics(), clock=lambda: clock[0],
-                       settings=TickSettings(plan_chunk=5), budget_s=2.5,
-                       timer=lambda: t[0])
+        r = rec(store, fake, clock, budget_s=2.5, timer=lambda: t[0], plan_chunk=5)
         rows = r.memory.with_rows
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -345,7 +345,8 @@ async def test_a_tick_budget_counts_its_own_time_not_other_shards_ticks(
         return r
 
     alone = await prepared("alone")
-    assert [(r.planned, r.deferred) for r in [await alone.tick()]] == [(15, 15)]
+    report = await alone.tick()
+    assert (report.planned, report.deferred) == (15, 15)
     pair = [await prepared("a"), await prepared("b")]
     reports = await asyncio.gather(*(r.tick() for r in pair))
     assert [(r.planned, r.deferred) for r in reports] == [(15, 15), (10, 20)]

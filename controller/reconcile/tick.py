@@ -209,7 +209,7 @@ class Reconciler:
         self.applier.starts = set()
         self._started_before_read = set()
 
-    async def shadow(self, *, until: Callable[[], bool] = lambda: False) -> TickReport:
+    async def shadow(self, *, until: Callable[[], bool] = _never) -> TickReport:
         """A standby's read-only tick (``controller.reconcile.standby``): the change feed,
         one live read, and quiet plans remembered; nothing written anywhere. It is not
         bound by the tick's budget (the first one plans every job, a chunk at a time,
