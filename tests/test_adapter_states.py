@@ -75,6 +75,19 @@ async def ended(adapter: SlurmAdapter, ref: ObjectRef) -> ObjectObs:
                           what="ended", timeout=60, interval=0.3)
 
 
+async def script_runs(marker: str, count: int, *, timeout: float = 60) -> list[str]:
+    """Wait until the job's script has appended ``count`` lines to ``marker`` (one per run,
+    on the node): squeue says RUNNING before slurmd has launched the script."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = as_root("cat", marker, check=False).stdout.split()
+        if len(lines) >= count:
+            return lines
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} runs of the script not seen in {timeout}s: {lines}")
+        await asyncio.sleep(0.3)
+
+
 def _identity_ok(obs: ObjectObs, ref: ObjectRef) -> None:
     assert obs.ref.uid == ref.uid and obs.ref.id == ref.id and obs.ref.cluster == ref.cluster
     assert obs.submission == 1 and obs.attempt == 0 and not obs.foreign
@@ -286,12 +299,26 @@ async def test_suspended_by_admin(cluster: SlurmEnv, jobs: Tracker) -> None:
 async def test_requeued_by_admin(cluster: SlurmEnv, jobs: Tracker) -> None:
     """An opted-in --requeue job requeued by root: pending / requeued, restart count 1,
     submit time moved forward; the ref still passes the identity check; after
-    StartTime=now it runs again as the same object."""
+    StartTime=now it runs again as the same object.
+
+    The requeue waits for the script to run: a requeue in the moment between squeue's R
+    and slurmd's launch left the job's next launch failing at once (exit 1, no output)."""
     adapter = make_adapter(cluster, local_runner_for(cluster))
     job_id = jobs.new()
-    ref = await adapter.start(request_for(job_id, ["sleep", "300"], requeue=True))
+    marker = f"/tmp/dispatch-test-requeue-{job_id}"  # the job's workdir is /tmp
+    script = f'echo "${{SLURM_RESTART_COUNT:-0}}" >> {marker}; exec sleep 300'
+    ref = await adapter.start(request_for(job_id, ["sh", "-c", script], requeue=True))
+    try:
+        await _requeued_and_run_again(adapter, ref, job_id, marker)
+    finally:
+        as_root("rm", "-f", marker, check=False)
+
+
+async def _requeued_and_run_again(adapter: SlurmAdapter, ref: ObjectRef, job_id: JobID,
+                                  marker: str) -> None:
     await wait_obs(lambda: adapter.inspect(ref), lambda o: o.state is State.RUNNING,
                    what="running")
+    assert await script_runs(marker, 1) == ["0"]
     as_root("scontrol", "requeue", str(ref.id))
     obs = await wait_obs(lambda: adapter.inspect(ref),
                          lambda o: o.state is State.PENDING and o.restart_count == 1,
@@ -307,6 +334,7 @@ async def test_requeued_by_admin(cluster: SlurmEnv, jobs: Tracker) -> None:
     obs = await wait_obs(lambda: adapter.inspect(ref), lambda o: o.state is State.RUNNING,
                          what="running again", timeout=30)
     assert obs.restart_count == 1 and obs.cause.kind is CauseKind.NONE
+    assert await script_runs(marker, 2) == ["0", "1"]
 
     await adapter.stop(ref)  # identity holds after the requeue
     obs = await ended(adapter, ref)

@@ -98,6 +98,15 @@ class History:
     def lost(self) -> bool:
         return "Lost" in self.kinds() or any(s[4] == "lost" for s in self.submissions)
 
+    def resubmissions(self) -> tuple[list[tuple[int, int]], list[bool]]:
+        """The objects that were replaced, in order (Slurm id, submit time): every ended
+        submission with an object but the last, which ran to completion; and whether each
+        "Resubmitting" event, in order, spent no budget. One event per replaced object."""
+        ended = [(int(s[2]), int(s[3])) for s in self.submissions
+                 if s[1] == "ended" and s[2] is not None and s[3] is not None]
+        return ended[:-1], ["no budget spent" in m for k, m in self.events
+                            if k == "Resubmitting"]
+
 
 def histories(url: str, ids: Sequence[str]) -> dict[str, History]:
     out = {i: History() for i in ids}
@@ -269,8 +278,8 @@ def _with_first_job_id(conf: str, first: int) -> str:
 # ---------------------------------------------------------------- the common verdict
 
 
-def started_objects(url: str, ids: Sequence[str]) -> dict[str, list[int]]:
-    """Per dispatch job, the Slurm ids of its recorded objects that accounting shows
+def started_objects(url: str, ids: Sequence[str]) -> dict[str, list[tuple[int, int]]]:
+    """Per dispatch job, its recorded objects (Slurm id, submit time) that accounting shows
     started. Matched by id AND submit time, whatever the record's name: after a state loss
     slurmdbd keeps the killed first run under the name "allocation", with no comment, so a
     count by ``dj-`` name (``executions``) misses it."""
@@ -280,7 +289,7 @@ def started_objects(url: str, ids: Sequence[str]) -> dict[str, list[int]]:
         for _, _, slurm_id, submit, _, _ in hist.submissions:
             if slurm_id is not None and submit is not None and job_id in wanted:
                 objects[(int(slurm_id), int(submit))] = job_id
-    out: dict[str, list[int]] = {i: [] for i in ids}
+    out: dict[str, list[tuple[int, int]]] = {i: [] for i in ids}
     if not objects:
         return out
     text_out = subprocess.run(
@@ -294,7 +303,7 @@ def started_objects(url: str, ids: Sequence[str]) -> dict[str, list[int]]:
             continue  # never started (Start Unknown/None)
         key = (int(parts[0]), calendar.timegm(time.strptime(parts[1], "%Y-%m-%dT%H:%M:%S")))
         if key in objects:
-            out[objects[key]].append(key[0])
+            out[objects[key]].append(key)
     return out
 
 
@@ -304,6 +313,10 @@ class Verdict:
     free: list[str]  # resubmitted for free: never started
     budgeted: list[str]  # resubmitted under the lost budget: may have started
     ran_twice: list[str]  # ran more than once: legitimately only in ``budgeted``
+    # a job lost twice may be in both ``free`` and ``budgeted``; per resubmission, the
+    # object a free one replaced never started:
+    free_but_started: dict[str, list[tuple[int, int]]]
+    unpaired: dict[str, Any]  # replaced objects and Resubmitting events that do not pair
     duplicates: dict[str, int]  # executions beyond those the lost budget explains
     bad: dict[str, Any]
     tally: Any
@@ -337,13 +350,24 @@ def verdict(url: str, ids: Sequence[str], final: dict[str, dict[str, Any]],
            or BAD_EVENTS.intersection(hist[i].kinds())}
     runs = started_objects(url, ids)
     ran_twice = sorted(i for i, r in runs.items() if len(r) > 1)
+    free_but_started: dict[str, list[tuple[int, int]]] = {}
+    unpaired: dict[str, Any] = {}
+    for i in lost:
+        replaced, free_flags = hist[i].resubmissions()
+        if len(replaced) != len(free_flags):
+            unpaired[i] = (hist[i].submissions, hist[i].events)
+        started = [obj for obj, gratis in zip(replaced, free_flags, strict=False)
+                   if gratis and obj in runs[i]]
+        if started:
+            free_but_started[i] = started
     # one execution, plus one per resubmission spent on the lost budget (it may have run)
     duplicates = {i: len(r) - 1 - hist[i].budgets.get("lost", 0) for i, r in runs.items()
                   if len(r) - 1 > hist[i].budgets.get("lost", 0)}
     for i, n in outcome.duplicates.items():  # two started dj- records the budget misses
         if n - 1 > hist[i].budgets.get("lost", 0):
             duplicates[i] = max(duplicates.get(i, 0), n - 1 - hist[i].budgets.get("lost", 0))
-    return Verdict(lost, free, budgeted, ran_twice, duplicates, bad, outcome,
+    return Verdict(lost, free, budgeted, ran_twice, free_but_started, unpaired, duplicates,
+                   bad, outcome,
                    sum(len(r) for r in runs.values()), judge_writes(records, url))
 
 
@@ -356,7 +380,8 @@ def check(v: Verdict, hist: dict[str, History]) -> None:
     # running twice is legitimate only for a lost object that may have started, which
     # is resubmitted under the lost budget (like node-lost), never for free
     assert set(v.ran_twice) <= set(v.budgeted), (v.ran_twice, v.budgeted)
-    assert not set(v.free) & set(v.budgeted)
+    assert v.unpaired == {}, v.unpaired
+    assert v.free_but_started == {}, v.free_but_started
     assert v.duplicates == {}, v.duplicates
     assert v.wrong[0] == 0, v.wrong[1]
 
