@@ -99,7 +99,7 @@ class AccountingIndex:
         """Take one read; whether there may be more to read now."""
         head, _, body = output.partition("\n")
         words = head.split()
-        if len(words) != 2 or not all(w.isdigit() for w in words):
+        if len(words) != 2 or not all(w.isascii() and w.isdigit() for w in words):
             raise ProtocolError(f"accounting read: bad header {head!r:.60}")
         size, start = int(words[0]), int(words[1])
         try:

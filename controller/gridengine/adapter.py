@@ -145,7 +145,7 @@ class GridEngineAdapter(Writes, Files, Preflight):
         head, _, rest = result.stdout.partition("\n")
         if head.startswith(script.ID_LINE + " "):
             word = head.split(" ", 1)[1].strip()
-            number = int(word) if word.isdigit() else None
+            number = int(word) if word.isascii() and word.isdigit() else None
         if not result.ok and number is None:
             raise ge_failure(result, operation="qsub")
         if number is None:

@@ -67,8 +67,8 @@ class Preflight(AdapterBase):
             version=".".join(map(str, version)),
             accounting_file=self._accounting_file,
             accounting_readable="accounting-readable" in lines,
-            min_uid=int(min_uid) if min_uid and min_uid.isdigit() else None,
-            submit_uid=int(uid_line[4:]) if uid_line[4:].isdigit() else None,
+            min_uid=_number(min_uid),
+            submit_uid=_number(uid_line[4:]),
             queues=tuple(queues_res.stdout.split()) if queues_res.ok else (),
             queue_configured=self._ge.queue,
             max_unheard_s=capabilities.duration_s(conf.get("max_unheard")),
@@ -92,3 +92,8 @@ class Preflight(AdapterBase):
         caps = await self.preflight()
         return asdict(caps), capabilities.preflight_problems(caps)
 
+
+
+def _number(text: str | None) -> int | None:
+    """A non-negative integer in ASCII digits, else None ("²".isdigit(): int() refuses it)."""
+    return int(text) if text and text.isascii() and text.isdigit() else None

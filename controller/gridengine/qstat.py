@@ -114,7 +114,7 @@ def _text(element: ET.Element, tag: str, *, what: str, required: bool = True) ->
 
 
 def _int(text: str, what: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ProtocolError(f"{what}: not a number: {text!r:.40}")
     return int(text)
 
@@ -200,7 +200,7 @@ def _detail(element: ET.Element) -> JobDetail:
     messages: list[str] = []
     for task in element.findall("JB_ja_tasks/ulong_sublist"):
         started = _text(task, "JAT_start_time", what=what, required=False)
-        if started.isdigit() and int(started) > 0 and start is None:
+        if started.isascii() and started.isdigit() and int(started) > 0 and start is None:
             start = int(started)
         messages += [" ".join((m.text or "").split())
                      for m in task.findall("JAT_message_list/ulong_sublist/QIM_message")]

@@ -72,7 +72,7 @@ def take_new_bytes(stdout: str, *, prefix: str, suffix: str, slurm_id: int,
     more = False
     for header, body in zip(lines[0::2], lines[1::2], strict=False):
         parts = header.split(" ", 2)
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts[:2]):
             continue
         off, count, name = int(parts[0]), int(parts[1]), parts[2]
         parsed = script.parse_execution_file(name, prefix, suffix)
@@ -119,7 +119,7 @@ def missing_indexes(stdout: str, count: int) -> list[int]:
     """The indexes a ``missing_paths_scripts`` script of ``count`` paths printed."""
     indexes: list[int] = []
     for token in stdout.split():
-        if not token.isdigit() or int(token) >= count:
+        if not (token.isascii() and token.isdigit()) or int(token) >= count:
             raise ProtocolError(f"missing_paths: unexpected output {token!r:.40}")
         indexes.append(int(token))
     return indexes

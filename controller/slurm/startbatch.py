@@ -128,8 +128,9 @@ def parse_batch_output(result: CommandResult, count: int, *, user: str,
     stderr: dict[int, list[str]] = {}
     err_current: list[str] | None = None
     for line in result.stderr.split("\n"):
-        if line.startswith(_MARK + " ") and line[len(_MARK) + 1:].isdigit():
-            err_current = stderr.setdefault(int(line[len(_MARK) + 1:]), [])
+        number = line[len(_MARK) + 1:]
+        if line.startswith(_MARK + " ") and number.isascii() and number.isdigit():
+            err_current = stderr.setdefault(int(number), [])
         elif line == _READBACK:
             err_current = None
         elif err_current is not None:

@@ -77,7 +77,7 @@ class Writes(Reads):
         Callers pass only a target that passed the identity check; a SLUID names
         one job forever, so even a stale one can touch no other job."""
         sluid = _SLUID.fullmatch(target) is not None
-        if not sluid and not target.isdigit():
+        if not sluid and not (target.isascii() and target.isdigit()):
             raise ErrInvalid(f"not a job id or SLUID: {target!r:.40}", field="target")
         match operation:
             case "cancel":
@@ -142,7 +142,7 @@ class Writes(Reads):
         numeric ids, or all SLUIDs). A cancel of numeric ids is restricted to our user
         (``scancel --user``): the per-job ``--name`` belt of ``_write`` takes one name."""
         for target in targets:
-            if _SLUID.fullmatch(target) is None and not target.isdigit():
+            if _SLUID.fullmatch(target) is None and not (target.isascii() and target.isdigit()):
                 raise ErrInvalid(f"not a job id or SLUID: {target!r:.40}", field="target")
         match operation:
             case "release":
