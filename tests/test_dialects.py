@@ -10,13 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from controller.errors import ProtocolError
 from controller.slurm.dialects import (
     SACCT_TEXT_COLUMNS,
     SACCT_TEXT_FIELDS,
     SQUEUE_TEXT_COLUMNS,
+    SQUEUE_TEXT_COLUMNS_SLUID,
     SQUEUE_TEXT_FORMAT,
+    SqueueLines,
     parse_duration,
     parse_sacct_text,
     parse_squeue_text,
@@ -321,3 +325,55 @@ def test_squeue_lines_decode_each_line_on_its_own() -> None:
         parse_squeue_text(f"{SQ_ROW}\n{other}\n{bad}\n{SQ_ROW}\n")
     with pytest.raises(ProtocolError, match="squeue line 2: State"):
         parse_squeue_text(f"{SQ_ROW}\n{SQ_ROW.replace('|R|', '|PD|')}\n")
+
+
+# (the SLUID layout's row: SQ_ROW with a SLUID before the comment)
+SQ_ROW_SLUID = SQ_ROW.replace("|lab|", "|lab|sE0HM8R59HN500|")
+_FIELD_TEXT = st.text(alphabet="|0123456789,:-T_[]NAUKnoelvmsdR\u00b2 ", max_size=24)
+
+
+def _outcome(parse: object, line: str) -> object:
+    try:
+        return parse(line, 1)  # type: ignore[operator]
+    except ProtocolError as exc:
+        return ("refused", str(exc))
+
+
+@settings(max_examples=400, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(sluid=st.booleans(), field=st.integers(min_value=0, max_value=18),
+       text=_FIELD_TEXT, twice=st.booleans())
+def test_squeue_lines_fast_path_reads_as_the_whole_path(sluid: bool, field: int, text: str,
+                                                          twice: bool) -> None:
+    """``SqueueLines.line`` cuts a line into its id, name, node list, SLUID and the rest
+    (the key of a record decoded before): whatever a field holds -- an extra '|', a digit
+    int() refuses, a bad time -- it reads as the parser that checks every field of every
+    line (``_whole``), after a good line of the same layout as well as on its own."""
+    columns = SQUEUE_TEXT_COLUMNS_SLUID if sluid else SQUEUE_TEXT_COLUMNS
+    good = SQ_ROW_SLUID if sluid else SQ_ROW
+    fields = good[:-1].split("|")
+    fields[field % len(fields)] = text
+    line = "|".join(fields) + "|"
+    fast, whole = SqueueLines(columns), SqueueLines(columns)
+    for parser in (fast, whole):
+        assert parser.line(good, 1) == parser._whole(good, 1)
+    assert _outcome(fast.line, line) == _outcome(whole._whole, line)
+    if twice:  # the second time, from the record the first one left
+        assert _outcome(fast.line, line) == _outcome(whole._whole, line)
+
+
+def test_squeue_lines_fast_path_takes_each_lines_own_id_name_nodes_and_sluid() -> None:
+    parser = SqueueLines(SQUEUE_TEXT_COLUMNS_SLUID)
+    first = parser.line(SQ_ROW_SLUID, 1)
+    other = (SQ_ROW_SLUID.replace("7|dj-x|", "8|dj-y|", 1).replace("|vm|", "|vm[1-2]|")
+             .replace("sE0HM8R59HN500", "sE0HM8R59HN501"))
+    second = parser.line(other, 2)
+    assert (first.job_id, first.name, first.nodes, first.sluid) == (
+        7, "dj-x", ("vm",), "sE0HM8R59HN500")
+    assert (second.job_id, second.name, second.nodes, second.sluid) == (
+        8, "dj-y", ("vm1", "vm2"), "sE0HM8R59HN501")
+    assert second == parser._whole(other, 2)
+    with pytest.raises(ProtocolError, match="squeue line 3 JobID: job id 0"):
+        parser.line(other.replace("8|", "0|", 1), 3)
+    with pytest.raises(ProtocolError, match="squeue line 4 SLUID"):
+        parser.line(other.replace("sE0HM8R59HN501", "bogus"), 4)

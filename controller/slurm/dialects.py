@@ -186,7 +186,7 @@ def parse_text_time(text: str, *, path: str = "time") -> int | None:
     with ``TZ=UTC``), or epoch seconds (``SLURM_TIME_FORMAT=%s``); N/A, Unknown, None → None."""
     if text in _EMPTY_TIMES:
         return None
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # ("²".isdigit(): int() refuses it)
         return int(text) or None
     if _ISO_TIME_RE.fullmatch(text) is None:
         raise ProtocolError(f"{path}: not a Slurm time: {text!r:.80}")
@@ -258,7 +258,7 @@ def _row_time(row: Mapping[str, str], column: str, where: str) -> int | None:
 
 
 def _text_int(text: str, path: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # ("²".isdigit(), and int() refuses it)
         raise ProtocolError(f"{path}: expected a non-negative integer, got {text!r:.80}")
     return int(text)
 
@@ -388,10 +388,58 @@ class SqueueLines:
         # one lookup; at most ``_LINE_KINDS`` such keys are kept (each holds its texts)
         self._key = operator.itemgetter(*(index for index, _, _, _ in self._plan))
         self._kinds: dict[tuple[str, ...], list[Any]] = {}
+        # The fast path (``line``), for columns that start JobID, Name and hold NodeList
+        # after UserName (every read of ours): a line with exactly one '|' per column is
+        # cut into its id, its name, the texts between the name and NodeList (one
+        # string), NodeList and the columns after it. All but the id, name, node list
+        # and SLUID are the key of the record's other values, taken from the first line
+        # with that key, which went the whole way (``_whole``); the node lists are
+        # decoded once each (NodeList's memo of ``_plan``).
+        nodes_at = at.get("NodeList", -1)
+        self._fast = columns[:2] == ("JobID", "Name") and nodes_at >= 3
+        after = len(columns) - nodes_at - 1  # columns after NodeList
+        self._cuts = after + 2  # rest.rsplit("|", cuts): [head, nodes, *after, ""]
+        sluid_at = at.get("SLUID", -1)
+        self._sluid_part = 2 + sluid_at - nodes_at - 1 if sluid_at > nodes_at else -1
+        self._fast_key = operator.itemgetter(0, *(
+            2 + j for j in range(after) if 2 + j != self._sluid_part))
+        self._fast &= sluid_at < 0 or sluid_at > nodes_at  # (a SLUID before: no use)
+        self._nodes: dict[str, Any] = next(
+            known for _, known, _, column in self._plan if column == "NodeList")
+        self._records: dict[Any, SlurmJob] = {}  # its other values: any line's record
 
     def line(self, line: str, number: int) -> SlurmJob:
         """The record of one line (with or without its newline)."""
         body = line.rstrip("\n")
+        if self._fast and body[-1:] == "|" and body.count("|") == self._width:
+            jid, name, rest = body.split("|", 2)
+            parts = rest.rsplit("|", self._cuts)
+            record = self._records.get(self._fast_key(parts))
+            if record is not None:
+                job_id = int(jid) if jid.isascii() and jid.isdigit() else 0
+                if not job_id:
+                    _text_job_id(jid, f"squeue line {number} JobID")
+                nodes = self._nodes.get(parts[1])
+                if nodes is None:
+                    nodes = self._nodes[parts[1]] = _nodes_field(
+                        parts[1], f"squeue line {number} NodeList")
+                sluid = None if self._sluid_part < 0 else _text_sluid(
+                    parts[self._sluid_part], f"squeue line {number} SLUID")
+                t = record
+                return SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason,
+                                t.description, t.comment, t.submit_time, t.eligible_time,
+                                t.start_time, t.end_time, t.preempt_time, t.restart_count,
+                                nodes, t.return_code, t.signal, t.time_limit_s, t.requeue,
+                                t.cluster, t.kill_request_user, t.requester_recorded,
+                                t.state_text, sluid)
+            job = self._whole(body, number)
+            if len(self._records) < _LINE_KINDS:
+                self._records[self._fast_key(parts)] = job
+            return job
+        return self._whole(body, number)
+
+    def _whole(self, body: str, number: int) -> SlurmJob:
+        """The record of one line without its newline, every field checked."""
         if not body.endswith("|"):
             raise ProtocolError(f"squeue line {number}: truncated (no final '|')")
         fields = body[:-1].split("|", self._width - 1)
