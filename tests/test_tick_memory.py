@@ -203,3 +203,140 @@ def test_another_users_row_named_like_ours_is_remembered_by_its_name() -> None:
         got = asyncio.run(adapter.find_many([a, b]))
         assert len(got[a]) == 1 and got[b] == ()
         assert adapter._live_rows[hash(other)].named == "dj-" + b
+
+
+# ---------------------------------------------------------------- runs of lines
+
+
+def queue(jobs: list[str], *, first: int = 100, node: str = "node1") -> str:
+    """One row per job, ids from ``first`` (every hundredth ends in "00": a run cut)."""
+    return "".join(row(first + i, job_id, node=node) + "\n" for i, job_id in enumerate(jobs))
+
+
+def lines_read(adapter: SlurmAdapter, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The lines each read went through one by one (``_classified_run``'s runs), by read."""
+    counts: list[int] = []
+    looked = adapter._classified_run
+
+    def counting(text: str, now: int, **kwargs: Any) -> Any:
+        counts[-1] += len(text.splitlines())
+        return looked(text, now, **kwargs)
+
+    monkeypatch.setattr(adapter, "_classified_run", counting)
+    before = adapter._classified_rows
+
+    async def each_read(*args: Any, **kwargs: Any) -> None:
+        counts.append(0)
+        await before(*args, **kwargs)
+
+    monkeypatch.setattr(adapter, "_classified_rows", each_read)
+    return counts
+
+
+JOBS = ["01JZ8Q2N5V" + f"{i:016d}" for i in range(3000)]
+
+
+def test_a_steady_read_goes_through_no_line_of_an_unchanged_queue(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: the live read's cost is squeue's own text plus a cheap check -- an
+    unchanged queue of 3,000 rows is cut into runs and each run found by its hash; no
+    line is split out, hashed or looked up again, and every job gets its very same
+    observation."""
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    counts = lines_read(adapter, monkeypatch)
+    runner.text = queue(JOBS)
+    first = asyncio.run(adapter.find_many(JOBS))
+    again = asyncio.run(adapter.find_many(JOBS))
+    assert counts == [3000, 0]
+    assert all(again[j] is first[j] for j in JOBS)
+    assert 8 <= len(adapter._live_runs) <= 40  # (runs of ~360 rows: at least 64 kB each)
+
+
+def test_a_changed_row_reads_its_own_run_again_and_no_other(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row changed, one left, one came: only the runs around them are read line by
+    line (where a run ends depends on the lines, not on offsets); the other jobs keep
+    their observations, the changed ones are read afresh."""
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    counts = lines_read(adapter, monkeypatch)
+    runner.text = queue(JOBS)
+    first = asyncio.run(adapter.find_many(JOBS))
+    rows = runner.text.splitlines(keepends=True)
+    moved = rows[1500].replace("|node1|", "|node9|")
+    runner.text = "".join([*rows[:10], *rows[11:1500], moved, *rows[1501:]])  # 10 left
+    runner.text += row(9999, JOBS[10]) + "\n"  # ... and is back with a new id at the end
+    again = asyncio.run(adapter.find_many(JOBS))
+    longest = max(len(run.rows) for run in adapter._live_runs.values())
+    assert 0 < counts[1] <= 3 * 2 * longest
+    assert again[JOBS[1500]][0].nodes == ("node9",)
+    assert again[JOBS[10]][0].ref.id == 9999
+    same = [j for j in JOBS if again[j] is first[j]]
+    assert len(same) == 2998
+
+
+def test_a_run_whose_row_expires_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run holds until the first of its rows may no longer hold (a start or end time
+    then ahead): after it, the run is read line by line again."""
+    now = [1_800_000_100]  # (every row's start time, 1_800_000_010, is past)
+    runner = QueueRunner()
+    adapter = SlurmAdapter(runner, cluster="lab", user="dispatch",
+                           settings=StartSettings(output_dir="/tmp/out"), clock=lambda: now[0])
+    counts = lines_read(adapter, monkeypatch)
+    rows = queue(JOBS[:1000]).splitlines(keepends=True)
+    ahead = "2027-01-15T09:00:00"  # 1_800_003_600: an end time 3,500 s ahead
+    rows[7] = rows[7].replace("|N/A|N/A|1:00:00|", f"|{ahead}|N/A|1:00:00|")
+    runner.text = "".join(rows)
+    asyncio.run(adapter.find_many(JOBS[:1000]))
+    asyncio.run(adapter.find_many(JOBS[:1000]))
+    now[0] = 1_800_003_600
+    asyncio.run(adapter.find_many(JOBS[:1000]))
+    assert counts[1] == 0 and 7 < counts[2] < 1000
+
+
+def test_a_read_of_a_few_jobs_keeps_the_memory_of_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Find of one job (``find_many([id])``) on the same queue keeps every other row's
+    observation and every run: the next read of all of them goes through no line."""
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    counts = lines_read(adapter, monkeypatch)
+    runner.text = queue(JOBS)
+    first = asyncio.run(adapter.find_many(JOBS))
+    one = asyncio.run(adapter.find(JOBS[5]))
+    again = asyncio.run(adapter.find_many(JOBS))
+    assert one == [first[JOBS[5]][0]]
+    assert counts == [3000, 0, 0]
+    assert all(again[j] is first[j] for j in JOBS)
+
+
+def test_a_run_with_rows_not_asked_for_is_not_remembered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that skipped rows of ours it was not asked for (no strays wanted) leaves
+    no memory of their runs: a later read asking for them reads them."""
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    counts = lines_read(adapter, monkeypatch)
+    runner.text = queue(JOBS)
+    some = asyncio.run(adapter.find_many(JOBS[:100]))
+    assert not adapter._live_runs and len(adapter._live_rows) == 100
+    every = asyncio.run(adapter.find_many(JOBS))
+    assert counts == [3000, 3000] and all(every[j] for j in JOBS)
+    assert all(every[j] is some[j] for j in JOBS[:100])
+
+
+def test_a_remembered_run_of_other_text_is_never_reused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's memory found by a hash of other text (forced here) is not used: its
+    length and ends are checked."""
+    runner = QueueRunner()
+    adapter = adapter_for(runner)
+    counts = lines_read(adapter, monkeypatch)
+    runner.text = queue(JOBS[:300])
+    asyncio.run(adapter.find_many(JOBS[:300]))
+    (memo,) = adapter._live_runs.values()
+    runner.text = queue(JOBS[:300], node="node2")
+    adapter._live_runs = {hash(runner.text): memo}
+    got = asyncio.run(adapter.find_many(JOBS[:300]))
+    assert counts[1] == 300 and all(got[j][0].nodes == ("node2",) for j in JOBS[:300])
