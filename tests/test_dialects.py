@@ -7,6 +7,8 @@ testdata/slurm/text is hand-written and mirrors the recorded jobs where it can.
 
 from __future__ import annotations
 
+import calendar
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -342,8 +344,10 @@ def _outcome(parse: object, line: str) -> object:
 @settings(max_examples=400, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(sluid=st.booleans(), field=st.integers(min_value=0, max_value=18),
-       text=_FIELD_TEXT, twice=st.booleans())
+       text=_FIELD_TEXT, other=st.integers(min_value=0, max_value=18),
+       other_text=st.none() | _FIELD_TEXT, twice=st.booleans())
 def test_squeue_lines_fast_path_reads_as_the_whole_path(sluid: bool, field: int, text: str,
+                                                          other: int, other_text: str | None,
                                                           twice: bool) -> None:
     """``SqueueLines.line`` cuts a line into its id, name, node list, SLUID and the rest
     (the key of a record decoded before): whatever a field holds -- an extra '|', a digit
@@ -353,6 +357,8 @@ def test_squeue_lines_fast_path_reads_as_the_whole_path(sluid: bool, field: int,
     good = SQ_ROW_SLUID if sluid else SQ_ROW
     fields = good[:-1].split("|")
     fields[field % len(fields)] = text
+    if other_text is not None:  # (two fields changed: the first bad one is reported)
+        fields[other % len(fields)] = other_text
     line = "|".join(fields) + "|"
     fast, whole = SqueueLines(columns), SqueueLines(columns)
     for parser in (fast, whole):
@@ -377,3 +383,25 @@ def test_squeue_lines_fast_path_takes_each_lines_own_id_name_nodes_and_sluid() -
         parser.line(other.replace("8|", "0|", 1), 3)
     with pytest.raises(ProtocolError, match="squeue line 4 SLUID"):
         parser.line(other.replace("sE0HM8R59HN501", "bogus"), 4)
+
+
+@settings(max_examples=2000, deadline=None, database=None)
+@given(year=st.sampled_from([0, 1, 1600, 1900, 1969, 1970, 2000, 2024, 2026, 2100, 2400, 9999])
+       | st.integers(min_value=0, max_value=9999),
+       month=st.integers(min_value=0, max_value=13), day=st.integers(min_value=0, max_value=32),
+       hour=st.integers(min_value=0, max_value=25), minute=st.integers(min_value=0, max_value=61),
+       second=st.integers(min_value=0, max_value=61))
+def test_a_calendar_time_reads_as_timegm_and_datetime_would(year: int, month: int, day: int,
+                                                            hour: int, minute: int,
+                                                            second: int) -> None:
+    """``parse_text_time``'s arithmetic gives ``calendar.timegm``'s epoch for every time
+    ``datetime`` accepts and refuses every time it refuses (leap years, month ends)."""
+    text = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
+    try:
+        datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        with pytest.raises(ProtocolError, match="not a Slurm time"):
+            parse_text_time(text)
+    else:
+        assert parse_text_time(text) == calendar.timegm(
+            (year, month, day, hour, minute, second))

@@ -29,7 +29,6 @@ Normalisation rules worth knowing (the rest is in the helpers' docstrings):
 
 from __future__ import annotations
 
-import calendar
 import operator
 import re
 from collections.abc import Callable, Mapping
@@ -188,15 +187,34 @@ def parse_text_time(text: str, *, path: str = "time") -> int | None:
         return None
     if text.isascii() and text.isdigit():  # ("²".isdigit(): int() refuses it)
         return int(text) or None
-    if _ISO_TIME_RE.fullmatch(text) is None:
+    epoch = None if _ISO_TIME_RE.fullmatch(text) is None else _utc_epoch(text)
+    if epoch is None:
         raise ProtocolError(f"{path}: not a Slurm time: {text!r:.80}")
-    try:
-        fields = (int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]),
-                  int(text[14:16]), int(text[17:19]))
-        datetime(*fields)  # validates the calendar (no 2026-02-30)
-    except ValueError:
-        raise ProtocolError(f"{path}: not a Slurm time: {text!r:.80}") from None
-    return calendar.timegm(fields)
+    return epoch
+
+
+_MONTH_DAYS: Final = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _utc_epoch(text: str) -> int | None:
+    """Epoch seconds of ``YYYY-MM-DDTHH:MM:SS`` (digits checked) read as UTC
+    (``calendar.timegm``), None for a time ``datetime`` refuses (month 13, 2026-02-30,
+    24:00:00, year 0): plain arithmetic, as many times as a 100k-job queue prints."""
+    year, month, day = int(text[0:4]), int(text[5:7]), int(text[8:10])
+    hour, minute, second = int(text[11:13]), int(text[14:16]), int(text[17:19])
+    if not (1 <= month <= 12 and day >= 1 and hour < 24 and minute < 60 and second < 60
+            and year >= 1):
+        return None
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if day > _MONTH_DAYS[month - 1] + (month == 2 and leap):
+        return None
+    # days since 1970-01-01 of the proleptic Gregorian calendar, years counted from March
+    y = year - (month <= 2)
+    era, year_of_era = divmod(y, 400)
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = (year_of_era * 365 + year_of_era // 4 - year_of_era // 100
+                  + day_of_year)
+    return (era * 146097 + day_of_era - 719468) * 86400 + hour * 3600 + minute * 60 + second
 
 
 _ISO_TIME_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}")
@@ -381,8 +399,11 @@ class SqueueLines:
         self._compact = "StateCompact" in at
         # (field index, that column's decoded values by text, decoder, column) of the
         # memoized fields, in ``_MEMOIZED`` order
+        # (the time columns share one: a job's submit and eligible times are often alike)
+        times: dict[str, Any] = {}
         self._plan: list[tuple[int, dict[str, Any], Callable[[str, str], Any], str]] = [
-            (self._at[column], {}, decode, column) for column, decode in _MEMOIZED]
+            (self._at[column], times if decode is _time_field else {}, decode, column)
+            for column, decode in _MEMOIZED]
         # the texts of all memoized fields of a line at once: lines that print the same
         # ones (a queue's jobs mostly differ in id, name and node list) are decoded with
         # one lookup; at most ``_LINE_KINDS`` such keys are kept (each holds its texts)
@@ -404,39 +425,80 @@ class SqueueLines:
         self._fast_key = operator.itemgetter(0, *(
             2 + j for j in range(after) if 2 + j != self._sluid_part))
         self._fast &= sluid_at < 0 or sluid_at > nodes_at  # (a SLUID before: no use)
-        self._nodes: dict[str, Any] = next(
-            known for _, known, _, column in self._plan if column == "NodeList")
+        memo = {column: known for _, known, _, column in self._plan}
+        self._nodes: dict[str, Any] = memo["NodeList"]
         self._records: dict[Any, SlurmJob] = {}  # its other values: any line's record
+        # ... and when that key is new (a real queue's jobs print times of their own): the
+        # line split whole, the texts of every column but the id, name, node list, SLUID
+        # and times key the record's other values, and each time text is decoded once
+        # (its column's memo of ``_plan``)
+        own = {"JobID", "Name", "NodeList", "SLUID", *_TIME_COLUMNS}
+        self._timeless_key = operator.itemgetter(*(
+            index for index, column in enumerate(columns) if column not in own))
+        self._times = tuple((at.get(column, len(columns)), memo[column], column)
+                            for column in _TIME_COLUMNS)
+        self._timeless: dict[Any, SlurmJob] = {}
 
     def line(self, line: str, number: int) -> SlurmJob:
         """The record of one line (with or without its newline)."""
         body = line.rstrip("\n")
-        if self._fast and body[-1:] == "|" and body.count("|") == self._width:
-            jid, name, rest = body.split("|", 2)
-            parts = rest.rsplit("|", self._cuts)
-            record = self._records.get(self._fast_key(parts))
-            if record is not None:
-                job_id = int(jid) if jid.isascii() and jid.isdigit() else 0
-                if not job_id:
-                    _text_job_id(jid, f"squeue line {number} JobID")
-                nodes = self._nodes.get(parts[1])
-                if nodes is None:
-                    nodes = self._nodes[parts[1]] = _nodes_field(
-                        parts[1], f"squeue line {number} NodeList")
-                sluid = None if self._sluid_part < 0 else _text_sluid(
-                    parts[self._sluid_part], f"squeue line {number} SLUID")
-                t = record
-                return SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason,
-                                t.description, t.comment, t.submit_time, t.eligible_time,
-                                t.start_time, t.end_time, t.preempt_time, t.restart_count,
-                                nodes, t.return_code, t.signal, t.time_limit_s, t.requeue,
-                                t.cluster, t.kill_request_user, t.requester_recorded,
-                                t.state_text, sluid)
+        if not (self._fast and body[-1:] == "|" and body.count("|") == self._width):
+            return self._whole(body, number)
+        jid, name, rest = body.split("|", 2)
+        parts = rest.rsplit("|", self._cuts)
+        key = self._fast_key(parts)
+        t = self._records.get(key)
+        if t is not None:
+            sluid_text = "" if self._sluid_part < 0 else parts[self._sluid_part]
+            job_id, nodes, sluid = self._own(jid, parts[1], sluid_text, number)
+            return SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason,
+                            t.description, t.comment, t.submit_time, t.eligible_time,
+                            t.start_time, t.end_time, t.preempt_time, t.restart_count,
+                            nodes, t.return_code, t.signal, t.time_limit_s, t.requeue,
+                            t.cluster, t.kill_request_user, t.requester_recorded,
+                            t.state_text, sluid)
+        fields = body[:-1].split("|")
+        fields.append("")  # (a column the read did not ask for reads as "")
+        timeless = self._timeless_key(fields)
+        t = self._timeless.get(timeless)
+        if t is None:
             job = self._whole(body, number)
-            if len(self._records) < _LINE_KINDS:
-                self._records[self._fast_key(parts)] = job
-            return job
-        return self._whole(body, number)
+            if len(self._timeless) < _LINE_KINDS:
+                self._timeless[timeless] = job
+        else:
+            times = []
+            for index, known, column in self._times:
+                text = fields[index]
+                value = known.get(text, _MISS)
+                if value is _MISS:
+                    value = known[text] = _time_field(text, f"squeue line {number} {column}")
+                times.append(value)
+            submit, eligible, start, end, preempt = times
+            at = self._at
+            job_id, nodes, sluid = self._own(jid, fields[at["NodeList"]], fields[at["SLUID"]],
+                                             number)
+            job = SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason,
+                           t.description, t.comment, submit, eligible, start, end, preempt,
+                           t.restart_count, nodes, t.return_code, t.signal, t.time_limit_s,
+                           t.requeue, t.cluster, t.kill_request_user, t.requester_recorded,
+                           t.state_text, sluid)
+        if len(self._records) < _LINE_KINDS:
+            self._records[key] = job
+        return job
+
+    def _own(self, jid: str, nodes_text: str, sluid_text: str,
+             number: int) -> tuple[int, tuple[str, ...], str | None]:
+        """A line's own values: its job id, node list and SLUID, checked (in ``_whole``'s
+        order: a line with several bad fields fails on the same one)."""
+        nodes = self._nodes.get(nodes_text)
+        if nodes is None:
+            nodes = self._nodes[nodes_text] = _nodes_field(
+                nodes_text, f"squeue line {number} NodeList")
+        job_id = int(jid) if jid.isascii() and jid.isdigit() else 0
+        if not job_id:
+            _text_job_id(jid, f"squeue line {number} JobID")
+        sluid = _text_sluid(sluid_text, f"squeue line {number} SLUID") if sluid_text else None
+        return job_id, nodes, sluid
 
     def _whole(self, body: str, number: int) -> SlurmJob:
         """The record of one line without its newline, every field checked."""
@@ -536,6 +598,7 @@ def _cluster_field(text: str, path: str) -> str:
 
 
 _MISS: Final = object()
+_TIME_COLUMNS: Final = ("SubmitTime", "EligibleTime", "StartTime", "EndTime", "PreemptTime")
 _LINE_KINDS: Final = 4096  # distinct memoized-field combinations a parser keeps
 # every column a record reads; "" where the read did not ask for it (``SqueueLines``)
 _SQUEUE_FIELDS: Final = (*SQUEUE_TEXT_COLUMNS_SLUID, "State\0")
