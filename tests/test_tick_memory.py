@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -95,6 +96,28 @@ def test_blocks_split_as_splitlines(text: str, block: int) -> None:
     assert "".join(pieces) == text
     assert [line for piece in pieces for line in piece.splitlines()] == text.splitlines()
     assert all(piece.endswith("\n") for piece in pieces[:-1])
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("", id="empty"),
+    pytest.param("100|a\n101|b\n200|c\n", id="plain"),
+    pytest.param("100|a\r\n300|b\r\n\r\n400|c", id="crlf-blank-and-unterminated"),
+    pytest.param("1|ab\rcd\x1cef\u2028gh\n500|\n\n600|ij\x85k\n", id="other-line-breaks"),
+    pytest.param("\n\n\n", id="only-newlines"),
+    pytest.param("".join(f"{i}|x\n" for i in range(90, 420)), id="many-cuts"),
+    pytest.param("".join(f"{i}1|x\n" for i in range(300)), id="no-cut"),
+])
+@pytest.mark.parametrize("least", [1, 2, 7, 64, 1 << 20])
+def test_runs_split_as_splitlines_and_end_before_a_cut(text: str, least: int) -> None:
+    pieces = list(reads._runs(text, least))
+    assert "".join(pieces) == text
+    assert [line for piece in pieces for line in piece.splitlines()] == text.splitlines()
+    assert all(piece.endswith("\n") for piece in pieces[:-1])
+    # (shorter than a block: every run but the first starts with a job id ending in "00")
+    assert all(re.match(r"[0-9]*00\|", piece) for piece in pieces[1:])
+    cuts = [m.start() for m in re.finditer(r"(?<=\n)[0-9]*00\|", text)]
+    if least == 1 and text:  # then a run ends before each of them
+        assert len(pieces) == 1 + len(cuts)
 
 
 def row(slurm_id: int, job_id: str, *, node: str = "node1") -> str:

@@ -387,7 +387,6 @@ class Reads(AdapterBase):
                     complete = False
                     continue
                 row = rows[key] = self._classify_row(line, now, parser, share=share)
-            named = row.named
             out.append(row)
         return _Run(text, out, read), complete
 
