@@ -84,26 +84,11 @@ def test_a_share_holds_at_most_its_limit() -> None:
 
 @pytest.mark.parametrize("text", [
     pytest.param("", id="empty"),
-    pytest.param("a\nb\n", id="plain"),
-    pytest.param("a\r\nb\r\n\r\nc", id="crlf-blank-and-unterminated"),
-    pytest.param("ab\rcd\x1cef\u2028gh\n\nij\x85k\n", id="other-line-breaks"),
-    pytest.param("\n\n\n", id="only-newlines"),
-    pytest.param("x" * 10 + "\n" + "y" * 3 + "\r\n" + "z\n", id="long-lines"),
-])
-@pytest.mark.parametrize("block", [1, 2, 3, 5, 1 << 20])
-def test_blocks_split_as_splitlines(text: str, block: int) -> None:
-    pieces = list(reads._blocks(text, block))
-    assert "".join(pieces) == text
-    assert [line for piece in pieces for line in piece.splitlines()] == text.splitlines()
-    assert all(piece.endswith("\n") for piece in pieces[:-1])
-
-
-@pytest.mark.parametrize("text", [
-    pytest.param("", id="empty"),
     pytest.param("100|a\n101|b\n200|c\n", id="plain"),
     pytest.param("100|a\r\n300|b\r\n\r\n400|c", id="crlf-blank-and-unterminated"),
     pytest.param("1|ab\rcd\x1cef\u2028gh\n500|\n\n600|ij\x85k\n", id="other-line-breaks"),
     pytest.param("\n\n\n", id="only-newlines"),
+    pytest.param("x" * 10 + "\n" + "y" * 3 + "\r\n" + "z\n", id="long-lines"),
     pytest.param("".join(f"{i}|x\n" for i in range(90, 420)), id="many-cuts"),
     pytest.param("".join(f"{i}1|x\n" for i in range(300)), id="no-cut"),
 ])
@@ -176,13 +161,13 @@ def test_a_remembered_row_of_another_job_is_never_reused() -> None:
     assert obs_b is not obs_a and obs_b.ref.uid == "dj-" + b and obs_b.ref.id == 12
 
 
-def test_a_queue_longer_than_a_block_is_read_whole() -> None:
+def test_a_queue_longer_than_a_run_is_read_whole() -> None:
     runner = QueueRunner()
     adapter = adapter_for(runner)
     jobs = ["01JZ8Q2N5V" + f"{i:016d}" for i in range(7000)]
     runner.text = "".join(row(100 + i, job_id, node=f"node{i % 3}") + "\n"
                           for i, job_id in enumerate(jobs))
-    assert len(runner.text) > 1 << 20 and len(list(reads._blocks(runner.text))) > 1
+    assert len(runner.text) > 1 << 20 and len(list(reads._runs(runner.text))) > 1
     found = asyncio.run(adapter.find_many(jobs))
     assert [obs.ref.id for job_id in jobs for obs in found[job_id]] == [
         100 + i for i in range(len(jobs))]

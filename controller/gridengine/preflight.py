@@ -93,7 +93,6 @@ class Preflight(AdapterBase):
         return asdict(caps), capabilities.preflight_problems(caps)
 
 
-
 def _number(text: str | None) -> int | None:
     """A non-negative integer in ASCII digits, else None ("²".isdigit(): int() refuses it)."""
     return int(text) if text and text.isascii() and text.isdigit() else None

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -450,13 +450,9 @@ class SqueueLines:
         t = self._records.get(key)
         if t is not None:
             sluid_text = "" if self._sluid_part < 0 else parts[self._sluid_part]
-            job_id, nodes, sluid = self._own(jid, parts[1], sluid_text, number)
-            return SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason,
-                            t.description, t.comment, t.submit_time, t.eligible_time,
-                            t.start_time, t.end_time, t.preempt_time, t.restart_count,
-                            nodes, t.return_code, t.signal, t.time_limit_s, t.requeue,
-                            t.cluster, t.kill_request_user, t.requester_recorded,
-                            t.state_text, sluid)
+            return self._like(t, (t.submit_time, t.eligible_time, t.start_time, t.end_time,
+                                  t.preempt_time), jid=jid, name=name, nodes_text=parts[1],
+                              sluid_text=sluid_text, number=number)
         fields = body[:-1].split("|")
         fields.append("")  # (a column the read did not ask for reads as "")
         timeless = self._timeless_key(fields)
@@ -473,23 +469,19 @@ class SqueueLines:
                 if value is _MISS:
                     value = known[text] = _time_field(text, f"squeue line {number} {column}")
                 times.append(value)
-            submit, eligible, start, end, preempt = times
             at = self._at
-            job_id, nodes, sluid = self._own(jid, fields[at["NodeList"]], fields[at["SLUID"]],
-                                             number)
-            job = SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason,
-                           t.description, t.comment, submit, eligible, start, end, preempt,
-                           t.restart_count, nodes, t.return_code, t.signal, t.time_limit_s,
-                           t.requeue, t.cluster, t.kill_request_user, t.requester_recorded,
-                           t.state_text, sluid)
+            job = self._like(t, times, jid=jid, name=name, nodes_text=fields[at["NodeList"]],
+                             sluid_text=fields[at["SLUID"]], number=number)
         if len(self._records) < _LINE_KINDS:
             self._records[key] = job
         return job
 
-    def _own(self, jid: str, nodes_text: str, sluid_text: str,
-             number: int) -> tuple[int, tuple[str, ...], str | None]:
-        """A line's own values: its job id, node list and SLUID, checked (in ``_whole``'s
-        order: a line with several bad fields fails on the same one)."""
+    def _like(self, t: SlurmJob, times: Sequence[int | None], *, jid: str, name: str,
+              nodes_text: str, sluid_text: str, number: int) -> SlurmJob:
+        """The record of a line that prints what ``t``'s line printed but for its own id,
+        name, node list, SLUID and ``times`` (submit, eligible, start, end, preempt):
+        those checked in ``_whole``'s order, so a line with several bad fields fails on
+        the same one."""
         nodes = self._nodes.get(nodes_text)
         if nodes is None:
             nodes = self._nodes[nodes_text] = _nodes_field(
@@ -498,7 +490,11 @@ class SqueueLines:
         if not job_id:
             _text_job_id(jid, f"squeue line {number} JobID")
         sluid = _text_sluid(sluid_text, f"squeue line {number} SLUID") if sluid_text else None
-        return job_id, nodes, sluid
+        submit, eligible, start, end, preempt = times
+        return SlurmJob(job_id, name, t.user, t.base_state, t.flags, t.reason, t.description,
+                        t.comment, submit, eligible, start, end, preempt, t.restart_count,
+                        nodes, t.return_code, t.signal, t.time_limit_s, t.requeue, t.cluster,
+                        t.kill_request_user, t.requester_recorded, t.state_text, sluid)
 
     def _whole(self, body: str, number: int) -> SlurmJob:
         """The record of one line without its newline, every field checked."""

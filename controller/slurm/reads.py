@@ -83,27 +83,14 @@ class _Run:
 
 
 _FOREVER: Final = 2**63
-# find_many splits the squeue text into lines this many characters at a time (each block
-# ends just after a newline): a 100k-row read never holds all its lines at once.
-_BLOCK: Final = 1 << 18
-# ... and into runs of lines (``_runs``): at least this many characters, then up to the
-# next line whose job id ends in "00" (about 90 kB, 360 rows, where ids are dense)
+# find_many splits the squeue text into runs of lines (``_runs``): at least this many
+# characters, then up to the next line whose job id ends in "00" (about 90 kB, 360 rows,
+# where ids are dense), and at most about ``_BLOCK`` characters: a 100k-row read never
+# holds all its lines at once
 _RUN: Final = 1 << 16
+_BLOCK: Final = 1 << 18
 _RUN_CUT = re.compile(r"\n(?=[0-9]*00\|)")
 _CHECKED: Final = 64  # characters at each end of a run that its memory keeps
-
-
-def _blocks(text: str, block: int = _BLOCK) -> Iterator[str]:
-    """``text`` in consecutive pieces of about ``block`` characters, each ending just
-    after a newline (or at the end of the text): their ``splitlines()`` together are
-    exactly ``text.splitlines()`` (a newline ends a line, "\r\n" included, whatever
-    follows it)."""
-    start, size = 0, len(text)
-    while start < size:
-        end = text.find("\n", start + block)
-        end = size if end < 0 else end + 1
-        yield text[start:end]  # the whole text itself when it is one block (no copy)
-        start = end
 
 
 def _runs(text: str, least: int = _RUN) -> Iterator[str]:
