@@ -31,12 +31,12 @@ def insert(conn: object, job_id: str) -> None:
                  {"id": job_id, "spec": DOC})
 
 
-def mark(store: Store) -> int:
+def mark(store: Store) -> repo.ChangeMark:
     with store.transaction() as tx:
         return repo.change_mark(tx)
 
 
-def changed(store: Store, since: int) -> set[str]:
+def changed(store: Store, since: repo.ChangeMark) -> set[str]:
     with store.transaction() as tx:
         return repo.changed_ids(tx, since=since)
 
@@ -100,7 +100,7 @@ def test_a_transaction_that_commits_after_a_later_one_is_not_missed(
         with pg_store.engine.begin() as t2:
             t2.execute(text("UPDATE jobs SET desired = 'held' WHERE id = :id"), {"id": B})
         assert changed(pg_store, m1) == {B}
-        m2 = mark(pg_store)  # T1 still runs: the mark stays at or below its stamp
+        m2 = mark(pg_store)  # T1 still runs: the mark names it among the running
         t1.commit()
     finally:
         t1.close()
@@ -145,3 +145,62 @@ def test_a_mark_that_goes_back_reads_every_job_again(sqlite_store: Store) -> Non
     back = TickReport()
     memory.track(back)
     assert back.full_load and back.changed_rows == 1
+
+
+def test_a_long_transaction_elsewhere_does_not_make_old_rows_new(pg_store: Store) -> None:
+    """PostgreSQL: a writing transaction that stays open (a bulk load, a session left
+    idle inside a transaction -- in any database of the server: transaction ids are the
+    server's) must not make the feed hand out, tick after tick, every row written since
+    it began. A mark names the transactions running when it was taken, not only the
+    oldest of them: what committed before it is not read again, and the open one's rows
+    are read once it commits."""
+    m0 = mark(pg_store)
+    t0 = pg_store.engine.connect()
+    try:
+        t0.begin()
+        insert(t0, C)  # a writer that stays open
+        with pg_store.engine.begin() as conn:
+            insert(conn, A)
+            insert(conn, B)
+        m1 = mark(pg_store)
+        assert changed(pg_store, m0) == {A, B}
+        assert changed(pg_store, m1) == set(), "rows committed before the mark read again"
+        m2 = mark(pg_store)
+        t0.commit()
+    finally:
+        t0.close()
+    assert changed(pg_store, m2) == {C}
+    assert changed(pg_store, m1) == {C}
+    assert changed(pg_store, mark(pg_store)) == set()
+
+
+def test_a_steady_tick_beside_a_long_transaction_reads_no_row(pg_store: Store) -> None:
+    """The same through ``Memory.track``: a steady tick's ``changed_rows`` is 0 while a
+    writing transaction of someone else stays open."""
+    from controller.reconcile.memory import Memory
+    from controller.reconcile.outcomes import OutcomeBook
+    from controller.reconcile.report import TickReport
+    from controller.reconcile.settings import ReconcileConfig
+
+    memory = Memory(pg_store, cluster="lab", here=None, clusters=None,
+                    settings=ReconcileConfig(), outcomes=OutcomeBook())
+    t0 = pg_store.engine.connect()
+    try:
+        t0.begin()
+        insert(t0, C)
+        with pg_store.engine.begin() as conn:
+            insert(conn, A)
+            insert(conn, B)
+        first = TickReport()
+        memory.track(first)
+        assert first.full_load and first.changed_rows == 2
+        for _ in range(2):
+            steady = TickReport()
+            memory.track(steady)
+            assert not steady.full_load and steady.changed_rows == 0
+        t0.commit()
+    finally:
+        t0.close()
+    after = TickReport()
+    memory.track(after)
+    assert after.changed_rows == 1 and C in memory.memos

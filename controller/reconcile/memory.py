@@ -139,7 +139,7 @@ class Memory:
         self.generation = 0
         # the change feed's mark taken before the last read of versions (None: read them
         # all next time; ``track``)
-        self.mark: int | None = None
+        self.mark: repo.ChangeMark | None = None
         self.ticks = 0  # ticks begun: a Memo's birth, for new-rows-first
         self._versions_kept: bool | None = None  # the version triggers are in place
         self._warned = False
@@ -208,11 +208,12 @@ class Memory:
                             "missing: every job is read and planned every tick")
             full = not self.loaded or not self._versions_kept or self.mark is None
             mark = repo.change_mark(tx) if self._versions_kept else None
-            if not full and mark is not None and self.mark is not None and mark < self.mark:
+            if (not full and mark is not None and self.mark is not None
+                    and mark.went_back(self.mark)):
                 # the stamps went back (a database restored, or another server): nothing
                 # read since can be trusted to be complete
                 log.warning("the change feed's mark went back: every job is read again",
-                            extra={"mark": mark, "last": self.mark})
+                            extra={"mark": mark.at, "last": self.mark.at})
                 full = True
             if full:
                 rows = repo.tracked_versions(tx, self.here)

@@ -23,6 +23,7 @@ from sqlalchemy import (
     insert,
     literal,
     literal_column,
+    or_,
     select,
     text,
     union,
@@ -486,30 +487,60 @@ def tracked_versions(tx: Session, cluster: str | None = None, *,
 
 _IDS_PER_STATEMENT = 5000  # ids bound in one IN list (SQLite allows 32766 variables)
 
-# the mark of each database (migration 0007): the least stamp a change committed after
-# the mark was taken can have
+@dataclass(frozen=True, slots=True)
+class ChangeMark:
+    """The change feed's mark (migration 0007): what a reader had seen when it took it.
+
+    ``at``: every transaction that began after the mark has a stamp ``>= at`` (SQLite:
+    the next counter value; PostgreSQL: the snapshot's ``xmax``). ``running``: the stamps
+    of the transactions still running when it was taken (PostgreSQL: the snapshot's
+    in-progress list; SQLite has one writer at a time: none). Every other stamp below
+    ``at`` belongs to a transaction that had ended, whose rows the read after the mark
+    saw. A long writing transaction anywhere on the server (transaction ids are the
+    server's) is one stamp in ``running``: the rows committed around it are not read
+    again tick after tick, and its own are read once it commits."""
+
+    at: int
+    running: tuple[int, ...] = ()
+
+    def went_back(self, last: ChangeMark) -> bool:
+        """The stamps went back since ``last`` (a database restored, another server):
+        what the feed says since ``last`` cannot be trusted to be complete."""
+        return self.at < last.at
+
+
 _MARK_SQL = {
-    "sqlite": "SELECT n + 1 FROM change_seq WHERE id = 1",
-    "postgresql": "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint",
+    "sqlite": "SELECT n + 1, '' FROM change_seq WHERE id = 1",
+    "postgresql": "SELECT pg_snapshot_xmax(s)::text::bigint, "
+                  "coalesce((SELECT string_agg(x::text, ',') FROM pg_snapshot_xip(s) x), '') "
+                  "FROM pg_current_snapshot() s",
 }
 
 
-def change_mark(tx: Session) -> int:
-    """The change feed's mark now (migration 0007): every row written after this call
-    (and every row of a transaction still running now) is stamped ``>=`` it. Take it
-    before a read, and read ``changed_ids(since=mark)`` next time."""
+def change_mark(tx: Session) -> ChangeMark:
+    """The change feed's mark now (migration 0007): every row written after this call,
+    and every row of a transaction still running now, is read by ``changed_ids(since=
+    mark)``. Take it before a read, and read ``changed_ids(since=mark)`` next time."""
     conn = tx.connection()
-    value = conn.execute(text(_MARK_SQL[conn.dialect.name])).scalar()
-    return int(value or 0)
+    row = conn.execute(text(_MARK_SQL[conn.dialect.name])).one()
+    at = int(row[0] or 0)
+    running = tuple(sorted(int(x) for x in str(row[1] or "").split(",") if x))
+    return ChangeMark(at, running)
 
 
-def changed_ids(tx: Session, *, since: int) -> set[str]:
+def changed_ids(tx: Session, *, since: ChangeMark) -> set[str]:
     """The ids of the jobs whose row or status row was written, or that were deleted,
-    with a stamp ``>= since`` (``change_mark``): three index range scans, whatever the
-    number of jobs."""
-    query = union(select(Job.id).where(Job.changed >= since),
-                  select(JobStatus.job_id).where(JobStatus.changed >= since),
-                  select(Tombstone.job_id).where(Tombstone.changed >= since))
+    by a transaction not yet ended when ``since`` was taken (``change_mark``): index
+    scans of each table (``changed >= at``, and one lookup per stamp still running
+    then), whatever the number of jobs."""
+    def written(column: Any) -> Any:
+        if not since.running:
+            return column >= since.at
+        return or_(column >= since.at, column.in_(since.running))
+
+    query = union(select(Job.id).where(written(Job.changed)),
+                  select(JobStatus.job_id).where(written(JobStatus.changed)),
+                  select(Tombstone.job_id).where(written(Tombstone.changed)))
     return set(tx.connection().execute(query).scalars())
 
 

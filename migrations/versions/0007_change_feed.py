@@ -2,9 +2,10 @@
 
 Every write of a job row, of its status row, and every tombstone (a deleted job) gets a
 stamp that a trigger writes, whoever writes. A tick then reads only what changed since
-its last read (``controller.store.repo.changed_ids``): ``changed >= mark``, where the
-mark was taken before the previous read (``repo.change_mark``), so a steady tick at 100k
-jobs reads the few rows that moved, not 100k version pairs.
+its last read (``controller.store.repo.changed_ids``): the stamps at or above the mark's
+horizon, or of a transaction still running at the mark, where the mark was taken before
+the previous read (``repo.change_mark``), so a steady tick at 100k jobs reads the few rows
+that moved, not 100k version pairs.
 
 The stamp orders commits differently on each database:
 - SQLite: a counter in the one-row table ``change_seq`` (id 1), moved by the same trigger that
@@ -12,11 +13,14 @@ The stamp orders commits differently on each database:
   SQLite has one writer at a time, so a stamp is never below a mark read after its
   commit; the mark is the counter plus one.
 - PostgreSQL: the id of the writing transaction (``pg_current_xact_id()``; 64 bits, it
-  never wraps). The mark is the oldest transaction still running when the mark is
-  taken (``pg_snapshot_xmin``): every transaction below it has ended, so its rows are
-  visible to any later read; rows of transactions at or above it are read again by the
-  next read too (they may still commit). A long transaction holds the mark back and
-  makes the reads larger, never wrong.
+  never wraps). The mark is the snapshot's horizon (``pg_snapshot_xmax``) and the
+  transactions still running when it is taken (``pg_snapshot_xip``): every other
+  transaction below the horizon has ended, so its rows are visible to any later read;
+  rows of the running ones and of later ones are read by the next read (they may still
+  commit). A long writing transaction, in any database of the server, is one entry of
+  the running list: it does not make the reads larger (until issue 19 the mark was the
+  oldest running transaction, ``pg_snapshot_xmin``, and such a transaction made every
+  steady tick read again every row written since it began).
 
 A status row deleted on its own (by hand) moves its job row, so the job is read again.
 The column is opaque and nobody writes it but the triggers.
