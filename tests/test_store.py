@@ -30,12 +30,12 @@ def test_migrations_match_models(any_store: Store) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(ctx, Base.metadata)
     assert diff == []
-    assert any_store.current_revision() == "0007"
+    assert any_store.current_revision() == "0008"
 
 
 def test_migrate_is_idempotent(any_store: Store) -> None:
     any_store.migrate()
-    assert any_store.current_revision() == "0007"
+    assert any_store.current_revision() == "0008"
 
 
 def test_insert_and_load_round_trip(any_store: Store) -> None:
@@ -202,3 +202,50 @@ def test_save_submissions_writes_intents_then_observations(any_store: Store) -> 
                 r.nodes, r.restart_count, r.started_at, r.created_at, r.epoch) for r in rows]
     assert got == [(1, 2, "ended", 7, 1007, "running", "n1,n2", 1, 1010, 5, 4),
                    (2, 3, "intent", None, None, None, "", 0, None, 9, None)]
+
+
+def test_placed_elsewhere_counts_unfinished_jobs_off_the_configured_clusters(
+        any_store: Store) -> None:
+    from controller.model.ids import new_job_id
+
+    placed = {"a": 3, "lab": 2, "b": 1, "old": 2, "zz": 1, "0": 1, "lab2": 1, None: 2}
+    with any_store.transaction() as tx:
+        for cluster, count in placed.items():
+            for _ in range(count):
+                job_id = new_job_id()
+                repo.insert_job(tx, job_id=job_id, document=DOC, now=100)
+                tx.add(JobStatus(job_id=job_id, phase="running", cluster=cluster,
+                                 updated_at=100))
+        for phase in ("succeeded", "failed", "cancelled", "rejected"):  # finished: not counted
+            job_id = new_job_id()
+            repo.insert_job(tx, job_id=job_id, document=DOC, now=100)
+            tx.add(JobStatus(job_id=job_id, phase=phase, cluster="gone", updated_at=100))
+    with any_store.transaction() as tx:
+        assert repo.placed_elsewhere(tx, ["lab", "a", "b"]) == {
+            "old": 2, "zz": 1, "0": 1, "lab2": 1}
+        assert repo.placed_elsewhere(tx, ["lab", "a", "b", "old", "zz", "0", "lab2"]) == {}
+        assert repo.placed_elsewhere(tx, ["zz"]) == {
+            "a": 3, "lab": 2, "b": 1, "old": 2, "0": 1, "lab2": 1}
+        assert repo.placed_elsewhere(tx, []) == {
+            "a": 3, "lab": 2, "b": 1, "old": 2, "zz": 1, "0": 1, "lab2": 1}
+
+
+@pytest.mark.parametrize("count", ["placed_elsewhere", "phase_counts"])
+def test_the_counts_read_the_cluster_phase_index(any_store: Store, count: str) -> None:
+    """``placed_elsewhere`` and a shard's ``phase_counts`` read ranges of
+    ``ix_job_status_cluster_phase``, not every status row (the planner may prefer a scan
+    of a small table: on PostgreSQL scans are turned off to ask whether the index can
+    serve the statement at all)."""
+    query = (repo.placed_elsewhere_query(["c0", "c1", "lab"]) if count == "placed_elsewhere"
+             else repo.phase_counts_query("lab", unplaced=True))
+    with any_store.engine.connect() as conn:
+        sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        if conn.dialect.name == "sqlite":
+            plan = " ".join(str(row[-1]) for row in conn.execute(
+                text(f"EXPLAIN QUERY PLAN {sql}")))
+        else:
+            conn.execute(text("SET LOCAL enable_seqscan = off"))
+            plan = " ".join(str(row[0]) for row in conn.execute(text(f"EXPLAIN {sql}")))
+    assert "ix_job_status_cluster_phase" in plan, plan
+    assert "SCAN job_status" not in plan.replace("USING COVERING INDEX", "") \
+        and "Seq Scan" not in plan, plan

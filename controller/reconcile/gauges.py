@@ -77,8 +77,8 @@ def refresh(metrics: Metrics, summary: Summary, *, store: Store,
             phases: bool = True) -> None:
     """Publish the gauges of a shard's jobs (``summary``: of each tracked job's share;
     the tick summarizes again only when its memory changed); the phase counts too with
-    ``phases`` (a scan of every status row: the tick asks for them when rows changed,
-    and every ``reconcile.phase_counts_s``)."""
+    ``phases`` (every status row of the cluster, an index range: the tick asks for them
+    when rows changed, and every ``reconcile.phase_counts_s``)."""
     states, stale, pending_since = summary.states, summary.stale, summary.pending_since
     metrics.set_object_counts(states)
     metrics.stale.set(stale)

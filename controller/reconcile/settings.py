@@ -62,9 +62,9 @@ class ReconcileConfig:
 
     phase_counts_s: int = setting(
         60, unit="s", minimum=0, maximum=_HUNDRED_YEARS_S,
-        doc="dispatch_jobs (the jobs per phase: a scan of every status row, finished ones "
-            "included) is counted again on a tick that saw rows change or made plans, and "
-            "at least this often; 0: every tick")
+        doc="dispatch_jobs (the jobs per phase: every status row of the shard's cluster, "
+            "finished ones included, from an index) is counted again on a tick that saw rows "
+            "change or made plans, and at least this often; 0: every tick")
 
 
 DEFAULTS = ReconcileConfig()

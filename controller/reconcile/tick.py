@@ -289,8 +289,9 @@ class Reconciler:
         report.replan_soon = bool(self.outcomes) or report.deferred > 0
         report.timings["apply"] += self.timer() - t0
         t0 = self.timer()
-        # the phase counts scan every status row: read again when rows changed or plans
-        # were made (their writes), else every ``phase_counts_s``
+        # the phase counts read every status row of the cluster (an index range): again
+        # when rows changed or plans were made (their writes), else every
+        # ``phase_counts_s``
         phases = bool(report.changed_rows or report.planned) or now >= self._phases_due
         if phases:
             self._phases_due = now + self.settings.phase_counts_s

@@ -95,6 +95,11 @@ class JobStatus(Base):
     # the current object's SLUID, where the cluster reports one (migration 0004)
     sluid: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
+    # the jobs of each cluster by phase (migration 0008): ``repo.phase_counts`` counts a
+    # cluster's status rows, and ``repo.placed_elsewhere`` those on clusters a
+    # configuration does not name, by ranges of this index (no scan of every status row)
+    __table_args__ = (Index("ix_job_status_cluster_phase", "cluster", "phase"),)
+
 
 class Submission(Base):
     """One sbatch of a dispatch job. Written as an intent *before* sbatch runs."""

@@ -10,12 +10,14 @@ import json
 import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ARRAY,
     String,
+    and_,
     any_,
     bindparam,
     delete,
@@ -27,9 +29,11 @@ from sqlalchemy import (
     select,
     text,
     union,
+    union_all,
     update,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from controller.errors import DispatchError, ErrConflict, ErrInvalid, ErrNotFound
 from controller.model.ids import parse_job_id
@@ -223,15 +227,12 @@ def phase_counts(tx: Session, cluster: str | None = None, *,
     jobs placed on it, and (``unplaced``: the default cluster's count) those not placed
     on any cluster yet.
 
-    Counts ``job_status`` (one index scan) and the numbers of jobs and of status rows:
+    Counts ``job_status`` (with ``cluster``: its range of the (cluster, phase) index, and
+    that of the jobs not placed yet) and the numbers of jobs and of status rows:
     every status row belongs to a job (the foreign key cascades on PostgreSQL, and a
     trigger does on SQLite whatever the connection's ``foreign_keys``: migration 0002)."""
-    statuses = select(JobStatus.phase, func.count()).group_by(JobStatus.phase)
-    if cluster is not None:
-        here = JobStatus.cluster == cluster
-        statuses = statuses.where(here | JobStatus.cluster.is_(None) if unplaced else here)
     counts: dict[str, int] = {}
-    for phase, count in tx.execute(statuses):
+    for phase, count in tx.execute(phase_counts_query(cluster, unplaced=unplaced)):
         counts[str(phase)] = counts.get(str(phase), 0) + int(count)
     if unplaced:
         jobs = tx.scalar(select(func.count()).select_from(Job)) or 0
@@ -242,15 +243,43 @@ def phase_counts(tx: Session, cluster: str | None = None, *,
     return counts
 
 
+def phase_counts_query(cluster: str | None, *, unplaced: bool) -> Any:
+    """``phase_counts``' statement over ``job_status``: with ``cluster``, its range of the
+    (cluster, phase) index (migration 0008), and with ``unplaced`` that of the jobs not
+    placed yet -- not every status row of every cluster."""
+    by_phase = select(JobStatus.phase, func.count()).group_by(JobStatus.phase)
+    if cluster is None:
+        return by_phase
+    here = by_phase.where(JobStatus.cluster == cluster)
+    return union_all(here, by_phase.where(JobStatus.cluster.is_(None))) if unplaced else here
+
+
 def placed_elsewhere(tx: Session, clusters: Sequence[str]) -> dict[str, int]:
     """Non-terminal jobs placed on a cluster that is not one of ``clusters``, by cluster:
     no shard of a replica configured with ``clusters`` plans them (the configuration
     dropped the cluster, or renamed it). Counts ``job_status`` alone."""
-    rows = tx.execute(select(JobStatus.cluster, func.count())
-                      .where(JobStatus.phase.not_in(TERMINAL), JobStatus.cluster.is_not(None),
-                             JobStatus.cluster.not_in(list(clusters)))
-                      .group_by(JobStatus.cluster))
-    return {str(cluster): int(count) for cluster, count in rows}
+    counts: dict[str, int] = {}
+    for cluster, count in tx.execute(placed_elsewhere_query(clusters)):
+        counts[str(cluster)] = counts.get(str(cluster), 0) + int(count)
+    return counts
+
+
+def placed_elsewhere_query(clusters: Sequence[str]) -> Any:
+    """``placed_elsewhere``'s statement: one range of the (cluster, phase) index
+    (migration 0008) per gap between the configured names, so what it reads is the rows
+    of the clusters not named -- none, while every placed job is on a named cluster --
+    however many jobs are placed on ``clusters``. (A cluster's rows may come in more than
+    one row of counts: the caller adds them up.)"""
+    column = JobStatus.cluster
+    names = sorted(set(clusters))
+    gaps: list[ColumnElement[bool]]
+    if not names:
+        gaps = [column.is_not(None)]
+    else:
+        gaps = [column < names[0], column > names[-1],
+                *(and_(column > low, column < high) for low, high in pairwise(names))]
+    counted = select(column, func.count()).where(JobStatus.phase.not_in(TERMINAL))
+    return union_all(*(counted.where(gap).group_by(column) for gap in gaps))
 
 
 # ---------------------------------------------------------------- controller side
