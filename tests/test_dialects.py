@@ -220,7 +220,8 @@ SA_ROW = ("7|dj-x|svc|1000|COMPLETED|None|2026-11-30T12:00:00|2026-11-30T12:00:0
     pytest.param(SA_ROW.replace("|COMPLETED|", "|completed?|"), "state", id="odd-state"),
     pytest.param(SA_ROW.replace("7|", "7+0|", 1), "JobIDRaw", id="het-id"),
     pytest.param("|".join(SA_ROW.split("|")[:8]), "fields", id="cut-short"),
-    pytest.param(SA_ROW.replace("|vm|", "|vm,,x|"), "empty element", id="bad-nodes"),
+    pytest.param(SA_ROW.replace("|vm|", "|vm,,x|"), "sacct line 1 NodeList: .*empty element",
+                 id="bad-nodes"),
     pytest.param(SA_ROW.replace("|1000|COMPLETED|", "|x|CANCELLED by 5|"), "UID",
                  id="bad-uid"),
 ])
@@ -383,6 +384,10 @@ def test_squeue_lines_fast_path_takes_each_lines_own_id_name_nodes_and_sluid() -
         parser.line(other.replace("8|", "0|", 1), 3)
     with pytest.raises(ProtocolError, match="squeue line 4 SLUID"):
         parser.line(other.replace("sE0HM8R59HN501", "bogus"), 4)
+    with pytest.raises(ProtocolError, match=r"squeue line 5 NodeList: unbalanced '\]'"):
+        parser.line(other.replace("|vm[1-2]|", "|vm1-2]|"), 5)
+    with pytest.raises(ProtocolError, match=r"squeue line 6 NodeList: nested '\['"):
+        parser._whole(other.replace("|vm[1-2]|", "|vm[[1-2]|"), 6)
 
 
 @settings(max_examples=2000, deadline=None, database=None)

@@ -586,7 +586,10 @@ def _duration_field(text: str, path: str) -> int | None:
 
 
 def _nodes_field(text: str, path: str) -> tuple[str, ...]:
-    return expand_hostlist(text)
+    try:
+        return expand_hostlist(text)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{path}: {exc}") from exc
 
 
 def _cluster_field(text: str, path: str) -> str:
@@ -662,7 +665,7 @@ def parse_sacct_text(text: str, *,
             end_time=_row_time(row, "End", where),
             preempt_time=None,
             restart_count=None,
-            nodes=expand_hostlist(row["NodeList"]),
+            nodes=_nodes_field(row["NodeList"], f"{where} NodeList"),
             return_code=return_code,
             signal=signal,
             time_limit_s=parse_duration(row.get("Timelimit", ""), path=f"{where} Timelimit"),
