@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from controller.metrics import Metrics
@@ -318,10 +319,11 @@ async def test_a_tick_budget_counts_its_own_time_not_other_shards_ticks(
     """bench/shards, one replica of 10 x 100k: its shards' cold first ticks ran on one
     event loop, each yielding between chunks to the others, and each spent its whole
     budget (a wall clock) waiting for them: every tick planned one chunk of 2,000 jobs
-    and read 100k squeue rows again for the next one. The pauses between a tick's chunks,
-    in which other ticks run, are not its own time: two ticks side by side plan as much
-    as one alone, but for the chunk of the other that the second waits for once its read
-    is done (a wait still counted: it cannot be told from the read's own)."""
+    and read 100k squeue rows again for the next one. A tick's budget counts its own
+    steps on the loop, not its waits, in which other ticks run: two ticks side by side
+    plan as much as one alone. (Until issue 19's stop 27 the wait of the second tick
+    for the first one's chunk, after its own read, still counted: it planned (10, 20).)
+    Its wall time is bound too: at ``WALL_BUDGETS`` budgets, waits included."""
     t = [0.0]  # the budget's clock: one second per chunk of rows read, nothing else
 
     async def prepared(name: str) -> Reconciler:
@@ -349,4 +351,62 @@ async def test_a_tick_budget_counts_its_own_time_not_other_shards_ticks(
     assert (report.planned, report.deferred) == (15, 15)
     pair = [await prepared("a"), await prepared("b")]
     reports = await asyncio.gather(*(r.tick() for r in pair))
-    assert [(r.planned, r.deferred) for r in reports] == [(15, 15), (10, 20)]
+    assert [(r.planned, r.deferred) for r in reports] == [(15, 15), (15, 15)]
+    # a tick whose every chunk waits 3 s (the clock moves while it is suspended): its
+    # own time is one second a chunk, but its wall time reaches 3 x 2.5 s after two
+    slow = await prepared("slow")
+    accounting = slow._accounting
+
+    async def waited(*args: Any, **kwargs: Any) -> Any:
+        asyncio.get_running_loop().call_soon(lambda: t.__setitem__(0, t[0] + 3.0))
+        await asyncio.sleep(0)
+        return await accounting(*args, **kwargs)
+
+    slow._accounting = waited  # type: ignore[method-assign]
+    report = await slow.tick()
+    assert (report.planned, report.deferred) == (10, 20)
+
+
+async def test_own_time_counts_a_coroutines_steps_not_its_waits() -> None:
+    """``driven`` passes results, exceptions and cancellations through, and counts the
+    time of its coroutine's steps only: the clock that moves while it is suspended (other
+    tasks run) is not its own."""
+    from controller.reconcile.tick import OwnTime, driven
+
+    t = [0.0]
+    own = OwnTime(lambda: t[0])
+
+    async def work() -> str:
+        t[0] += 1.0  # its own step
+        asyncio.get_running_loop().call_soon(lambda: t.__setitem__(0, t[0] + 10.0))
+        await asyncio.sleep(0)  # suspended: the other task moves the clock
+        t[0] += 0.5
+        assert own.now() == 1.5  # (the step running now is counted as it goes)
+        return "done"
+
+    assert await driven(work(), own) == "done"
+    assert own.seconds == 1.5 and t[0] == 11.5 and own.step_began is None
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        await driven(fails(), OwnTime(lambda: t[0]))
+
+    cancelled = []
+    gate = asyncio.Event()
+
+    async def waits() -> None:
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    task = asyncio.ensure_future(driven(waits(), OwnTime(lambda: t[0])))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cancelled == [True]

@@ -63,8 +63,9 @@ def build_shard(config: Config, name: str, *, store: Store, adapter: SchedulerPo
     d = config.daemon
     if lease is None:
         lease = shard_lease(config, name, store, clock=clock)
-    # a tick takes on no further chunk of work after a third of the lease TTL: it
-    # renews its lease long before the deadline, and a burst is spread over ticks
+    # a tick takes on no further chunk of work after a third of the lease TTL of its own
+    # time (or a whole TTL of wall time, waits included: ``Reconciler._spent``): a burst
+    # is spread over ticks, and a cold first tick of many jobs goes in pieces
     reconciler = Reconciler(store, adapter, metrics=metrics, clock=clock,
                             settings=config.reconcile, fence=lease,
                             budget_s=d.lease_ttl_s / 3,

@@ -62,10 +62,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+import types
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.errors import DispatchError, LeaseLost, OwnershipConflict
 from controller.metrics import Metrics
@@ -119,6 +120,57 @@ def _never() -> bool:
     return False
 
 
+T = TypeVar("T")
+
+# a tick takes on no further chunk once its wall time reaches this many budgets (the
+# daemon's budget is a third of the lease TTL): waits, and the other shards' ticks that
+# run meanwhile, count there and nowhere else (``Reconciler._spent``)
+WALL_BUDGETS = 3
+
+
+class OwnTime:
+    """The time a coroutine spends running -- its steps on the event loop, between the
+    awaits that suspend it -- and not the time it waits: for a subprocess, a thread, or
+    the other tasks the loop runs meanwhile (``driven``)."""
+
+    def __init__(self, timer: Clock) -> None:
+        self.timer = timer
+        self.seconds = 0.0  # the steps that ended
+        self.step_began: float | None = None  # the step running now, if any
+
+    def now(self) -> float:
+        """Every step so far, the one running now included."""
+        began = self.step_began
+        return self.seconds + (0.0 if began is None else self.timer() - began)
+
+
+@types.coroutine
+def driven(coro: Coroutine[Any, Any, T], own: OwnTime) -> Generator[Any, Any, T]:
+    """Await ``coro``, adding the time of each of its steps to ``own``: whatever it
+    yields to the loop is passed up, whatever the loop sends or throws (a result, a
+    cancellation) is passed down."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        own.step_began = began = own.timer()
+        try:
+            step = coro.send(value) if error is None else coro.throw(error)
+        except StopIteration as done:
+            own.seconds += own.timer() - began
+            own.step_began = None
+            return done.value  # type: ignore[no-any-return]
+        except BaseException:
+            own.seconds += own.timer() - began
+            own.step_began = None
+            raise
+        own.seconds += own.timer() - began
+        own.step_began = None
+        try:
+            value, error = (yield step), None
+        except BaseException as exc:  # (passed down to ``coro``)
+            value, error = None, exc
+
+
 class Reconciler:
     """Owns one tick; everything it needs is injected."""
 
@@ -140,7 +192,8 @@ class Reconciler:
         # given up: a cold first tick of a shard this replica lets go is not finished
         # first; the driving ``Shard`` sets it)
         self.stop_when: Callable[[], bool] = _never
-        self._lent = 0.0  # seconds the tick in progress left the loop to others (_spent)
+        # the time the tick in progress spent running, not waiting (``_spent``)
+        self._own = OwnTime(timer)
         # the monotonic clock of the budget and the phase timings (injected: a simulator
         # runs it in virtual time)
         self.timer = timer
@@ -245,9 +298,9 @@ class Reconciler:
         report = TickReport()
         # every write of this tick is fenced on the epoch it begins with
         self.applier.fence = self.fence.pin()
-        self._lent = 0.0
+        self._own = OwnTime(self.timer)
         try:
-            await self._tick(report)
+            await driven(self._tick(report), self._own)
         finally:
             report.duration_s = self.timer() - started
             self.metrics.tick_duration.observe(report.duration_s)
@@ -477,18 +530,19 @@ class Reconciler:
             # let the loop run between chunks (other shards' ticks, lease renewals): a
             # long first tick is many short pieces, never one block; the time they take
             # is not this tick's (``_spent``)
-            t0 = self.timer()
             await asyncio.sleep(0)
-            self._lent += self.timer() - t0
 
     def _spent(self, began: float) -> bool:
         """The tick begun at ``began`` is past its time budget, or asked to stop
         (``stop_when``): it takes on no further chunk (the first always goes). The
-        budget counts the tick's own time: not the pauses between its chunks, in which
-        the other shards' ticks run (ten cold shards on one loop each planned a single
-        chunk per tick, and read squeue again for the next)."""
-        return ((self.budget_s is not None
-                 and self.timer() - began - self._lent > self.budget_s)
+        budget counts the tick's own time (``OwnTime``): its steps on the loop, not its
+        waits, in which the other shards' ticks run (ten cold shards of 100k on one loop
+        each planned a single chunk per 20 s tick, and read squeue again for the next);
+        its wall time is bound too, by ``WALL_BUDGETS`` budgets."""
+        budget = self.budget_s
+        return ((budget is not None
+                 and (self._own.now() > budget
+                      or self.timer() - began > WALL_BUDGETS * budget))
                 or self.stop_when())
 
     async def _fresh(self, memos: dict[str, Memo], ctx: PlanContext, *, epoch: int,
