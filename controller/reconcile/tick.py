@@ -156,15 +156,10 @@ def driven(coro: Coroutine[Any, Any, T], own: OwnTime) -> Generator[Any, Any, T]
         try:
             step = coro.send(value) if error is None else coro.throw(error)
         except StopIteration as done:
-            own.seconds += own.timer() - began
-            own.step_began = None
             return done.value  # type: ignore[no-any-return]
-        except BaseException:
+        finally:  # (a step that returned, raised or yielded)
             own.seconds += own.timer() - began
             own.step_began = None
-            raise
-        own.seconds += own.timer() - began
-        own.step_began = None
         try:
             value, error = (yield step), None
         except BaseException as exc:  # (passed down to ``coro``)

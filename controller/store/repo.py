@@ -231,9 +231,7 @@ def phase_counts(tx: Session, cluster: str | None = None, *,
     that of the jobs not placed yet) and the numbers of jobs and of status rows:
     every status row belongs to a job (the foreign key cascades on PostgreSQL, and a
     trigger does on SQLite whatever the connection's ``foreign_keys``: migration 0002)."""
-    counts: dict[str, int] = {}
-    for phase, count in tx.execute(phase_counts_query(cluster, unplaced=unplaced)):
-        counts[str(phase)] = counts.get(str(phase), 0) + int(count)
+    counts = _added_up(tx.execute(phase_counts_query(cluster, unplaced=unplaced)))
     if unplaced:
         jobs = tx.scalar(select(func.count()).select_from(Job)) or 0
         with_status = tx.scalar(select(func.count()).select_from(JobStatus)) or 0
@@ -258,9 +256,14 @@ def placed_elsewhere(tx: Session, clusters: Sequence[str]) -> dict[str, int]:
     """Non-terminal jobs placed on a cluster that is not one of ``clusters``, by cluster:
     no shard of a replica configured with ``clusters`` plans them (the configuration
     dropped the cluster, or renamed it). Counts ``job_status`` alone."""
+    return _added_up(tx.execute(placed_elsewhere_query(clusters)))
+
+
+def _added_up(rows: Iterable[Any]) -> dict[str, int]:
+    """(key, count) rows of a ``UNION ALL`` of counts, a key's counts added up."""
     counts: dict[str, int] = {}
-    for cluster, count in tx.execute(placed_elsewhere_query(clusters)):
-        counts[str(cluster)] = counts.get(str(cluster), 0) + int(count)
+    for key, count in rows:
+        counts[str(key)] = counts.get(str(key), 0) + int(count)
     return counts
 
 
